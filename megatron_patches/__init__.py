@@ -1,0 +1,1 @@
+"""Adapter package (filled by a later release)."""

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Set up and run everything on a fresh machine: the demo and the test suites.
+
+    python3 tools/dev.py demo     # the main job, in the `core` environment
+    python3 tools/dev.py test     # build every suite's environment and run every suite
+    python3 tools/dev.py test core reference   # only some suites
+    python3 tools/dev.py env SUITE             # build one environment and print its path
+
+Each suite lives in ``tests/<suite>/`` with a ``requirements.txt``. Its virtual environment is
+kept outside the clone, in ``$APERTUS_VENV_CACHE`` (default ``~/.cache/apertus-plugins/venvs``),
+under a name keyed by a hash of the requirements, so a fresh clone reuses environments that are
+already built and a changed requirements file gets a new one. The package itself is installed
+into the environment from this checkout (editable, no dependencies) on every run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+CACHE = Path(os.environ.get("APERTUS_VENV_CACHE", Path.home() / ".cache" / "apertus-plugins" / "venvs"))
+#: Suites in run order; each names the Python it needs (megatron-core 0.19 and lmms-eval need 3.12).
+SUITES = ["core", "reference", "megatron", "vllm", "verl", "eval"]
+
+
+def log(msg: str) -> None:
+    print(f"[dev] {msg}", flush=True)
+
+
+def suite_python(suite: str) -> str:
+    marker = TESTS / suite / "python.txt"
+    if marker.is_file():
+        want = marker.read_text().strip()
+        found = shutil.which(f"python{want}")
+        if not found:
+            raise SystemExit(f"suite {suite} needs python{want}, which is not on PATH")
+        return found
+    return sys.executable
+
+
+def env_key(suite: str) -> str:
+    req = TESTS / suite / "requirements.txt"
+    h = hashlib.sha256()
+    h.update(req.read_bytes())
+    h.update(suite_python(suite).encode())
+    extra = TESTS / suite / "setup_env.sh"
+    if extra.is_file():
+        h.update(extra.read_bytes())
+    return f"{suite}-{h.hexdigest()[:16]}"
+
+
+def build_env(suite: str) -> Path:
+    """Create (or reuse) the suite's environment and install this checkout into it."""
+    req = TESTS / suite / "requirements.txt"
+    if not req.is_file():
+        raise SystemExit(f"suite {suite!r} has no {req.relative_to(ROOT)}")
+    venv = CACHE / env_key(suite)
+    py = venv / "bin" / "python"
+    done = venv / ".complete"
+    if not done.is_file():
+        if venv.exists():
+            log(f"{suite}: removing an unfinished environment {venv}")
+            shutil.rmtree(venv)
+        CACHE.mkdir(parents=True, exist_ok=True)
+        log(f"{suite}: creating {venv} (first run; later runs reuse it)")
+        t0 = time.time()
+        subprocess.run([suite_python(suite), "-m", "venv", str(venv)], check=True)
+        pip = [str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+        subprocess.run(pip + ["-r", str(req)], check=True)
+        extra = TESTS / suite / "setup_env.sh"
+        if extra.is_file():
+            subprocess.run(["bash", str(extra), str(py)], check=True)
+        # written last: an interrupted build is detected and redone on the next run
+        done.write_text(time.strftime("%Y-%m-%d %H:%M:%S\n"))
+        log(f"{suite}: environment ready in {time.time() - t0:.0f}s")
+    subprocess.run(
+        [str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-deps",
+         "--no-build-isolation", "-e", str(ROOT)],
+        check=True,
+    )
+    return venv
+
+
+SUMMARY = re.compile(r"=+ (.*) in [\d.]+s")
+
+
+def run_suite(suite: str) -> tuple[str, int, int, int, int]:
+    """Run one suite; returns (suite, rc, passed, failed, errors)."""
+    venv = build_env(suite)
+    tests = sorted(p for p in (TESTS / suite).rglob("test_*.py"))
+    if not tests:
+        log(f"{suite}: no tests yet (environment builds and imports)")
+        check = subprocess.run([str(venv / "bin" / "python"), "-c", "import apertus_plugins"])
+        return suite, check.returncode, 0, 0, 0
+    env = dict(os.environ, APERTUS_SUITE=suite, PYTHONDONTWRITEBYTECODE="1")
+    cmd = [str(venv / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider", str(TESTS / suite)]
+    log(f"{suite}: {' '.join(cmd[2:])}")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    last = ""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        if SUMMARY.search(line):
+            last = line
+    rc = proc.wait()
+    counts = {k: 0 for k in ("passed", "failed", "error", "errors", "skipped", "xfailed")}
+    for n, word in re.findall(r"(\d+) (\w+)", last):
+        if word in counts:
+            counts[word] += int(n)
+    return suite, rc, counts["passed"], counts["failed"], counts["error"] + counts["errors"]
+
+
+def cmd_test(suites: list[str]) -> int:
+    for s in suites:
+        if s not in SUITES:
+            raise SystemExit(f"unknown suite {s!r}; suites are {', '.join(SUITES)}")
+    results = []
+    for s in suites or SUITES:
+        try:
+            results.append(run_suite(s))
+        except subprocess.CalledProcessError as exc:
+            log(f"{s}: environment setup failed ({exc})")
+            results.append((s, 1, 0, 0, 1))
+    print("\n==== suites ====")
+    total_p = total_f = 0
+    bad = False
+    for s, rc, p, f, e in results:
+        status = "ok" if rc == 0 else "FAILED"
+        bad |= rc != 0
+        note = "" if (p or f or e) else "  (no tests yet)"
+        print(f"{s:10s} {status:6s} {p:5d} passed {f:3d} failed {e:3d} errors{note}")
+        total_p += p
+        total_f += f + e
+    print(f"{total_p} passed, {total_f} failed")
+    return 1 if bad else 0
+
+
+def cmd_demo(args: list[str]) -> int:
+    venv = build_env("core")
+    return subprocess.call([str(venv / "bin" / "apertus"), "demo", *args])
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "test":
+        return cmd_test(rest)
+    if cmd == "demo":
+        return cmd_demo(rest)
+    if cmd == "env":
+        print(build_env(rest[0]))
+        return 0
+    raise SystemExit(f"unknown command {cmd!r}; see --help")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
