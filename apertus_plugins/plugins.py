@@ -1,0 +1,147 @@
+"""The plugin system: hook specifications and the plugin manager (project name ``apertus``).
+
+A third party adds a modality, a judge backend, a reward function or a loss-target rule without
+touching this repository: it ships a module with ``@hookimpl`` functions and names it in the
+``apertus`` entry-point group of its distribution::
+
+    [project.entry-points.apertus]
+    video = "my_pkg.apertus_video"
+
+The built-in image and audio modalities register through the same hooks
+(:mod:`apertus_plugins.modalities`), so a new modality takes the path the built-in ones take, and
+every adapter that consults :func:`registry` sees it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Callable, Mapping
+
+import pluggy
+
+__all__ = ["PROJECT", "hookspec", "hookimpl", "Modality", "Registry", "get_plugin_manager", "registry"]
+
+PROJECT = "apertus"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@dataclass(frozen=True)
+class Modality:
+    """What a modality contributes to the token stream.
+
+    Attributes:
+        name: the modality's name (``"image"``); also the name of its code block in a VocabSpec.
+        codebook_size: the number of content codes in the released layout.
+        placeholder: marker name of the prompt placeholder (``"image"`` -> ``<|image|>``).
+        markers: marker names (omni-block slots) the modality's sequences use.
+        part_types: chat content-part types that carry this modality (``"image_url"``...).
+        layouts: the names of the sequence layouts it supports; the first is the serving default.
+        build_sequence: ``build_sequence(codes, spec, layout=..., **kw) -> ids``.
+        tokenizer_factory: ``factory(checkpoint_dir, **kw) -> encoder`` or ``None`` when the
+            modality brings no encoder of its own.
+        task_markers: marker names that condition but are never predicted after stage 1.
+    """
+
+    name: str
+    codebook_size: int
+    placeholder: str
+    markers: tuple[str, ...]
+    part_types: tuple[str, ...]
+    layouts: tuple[str, ...]
+    build_sequence: Callable[..., Any]
+    tokenizer_factory: Callable[..., Any] | None = None
+    task_markers: tuple[str, ...] = ()
+
+
+class ApertusHookSpecs:
+    """The hook specifications: the documented contract of an ``apertus`` plugin.
+
+    Every hook returns a list (or mapping) of contributions; pluggy collects the results of
+    all plugins. Names must be unique across plugins: a clash is an error naming both.
+    """
+
+    @hookspec
+    def apertus_modalities(self) -> list[Modality]:
+        """Return the modalities this plugin provides."""
+
+    @hookspec
+    def apertus_judges(self) -> Mapping[str, Callable[..., Any]]:
+        """Return judge backends: name -> ``factory(**config) -> judge``."""
+
+    @hookspec
+    def apertus_reward_functions(self) -> Mapping[str, Callable[..., Any]]:
+        """Return reward functions: name -> ``reward(response: str, ground_truth, **kw) -> float``."""
+
+    @hookspec
+    def apertus_target_rules(self) -> Mapping[str, Callable[..., Any]]:
+        """Return loss-target rules: name -> ``rule(ids, labels, weights, spec) -> weights``."""
+
+
+@dataclass
+class Registry:
+    """Everything the loaded plugins contribute, by name."""
+
+    modalities: dict[str, Modality] = field(default_factory=dict)
+    judges: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    reward_functions: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    target_rules: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    plugins: dict[str, str] = field(default_factory=dict)
+
+    def modality_for_part(self, part_type: str) -> Modality | None:
+        """The modality whose chat parts have type ``part_type``, if any."""
+        for m in self.modalities.values():
+            if part_type in m.part_types:
+                return m
+        return None
+
+
+def get_plugin_manager(load_entry_points: bool = True) -> pluggy.PluginManager:
+    """A fresh plugin manager with the built-ins and (by default) the ``apertus`` entry points."""
+    from . import modalities
+
+    pm = pluggy.PluginManager(PROJECT)
+    pm.add_hookspecs(ApertusHookSpecs)
+    pm.register(modalities, name="apertus.builtin.modalities")
+    if load_entry_points:
+        pm.load_setuptools_entrypoints(PROJECT)
+    return pm
+
+
+def _merge(kind: str, results: list[tuple[str, Any]], out: dict[str, Any], owner: dict[str, str]) -> None:
+    for plugin_name, contribution in results:
+        items = contribution.items() if isinstance(contribution, Mapping) else ((c.name, c) for c in contribution)
+        for name, value in items:
+            if name in out:
+                raise ValueError(
+                    f"{kind} {name!r} is registered twice: by {owner[f'{kind}:{name}']} and by {plugin_name}"
+                )
+            out[name] = value
+            owner[f"{kind}:{name}"] = plugin_name
+
+
+def build_registry(pm: pluggy.PluginManager) -> Registry:
+    """Collect every plugin's contributions into a :class:`Registry`."""
+    reg = Registry()
+    owner: dict[str, str] = {}
+    for hook_name, kind, target in (
+        ("apertus_modalities", "modality", reg.modalities),
+        ("apertus_judges", "judge", reg.judges),
+        ("apertus_reward_functions", "reward function", reg.reward_functions),
+        ("apertus_target_rules", "target rule", reg.target_rules),
+    ):
+        results = []
+        for impl in getattr(pm.hook, hook_name).get_hookimpls():
+            value = impl.function()
+            if value:
+                results.append((impl.plugin_name, value))
+        _merge(kind, results, target, owner)
+    reg.plugins = {name: str(plugin) for name, plugin in pm.list_name_plugin()}
+    return reg
+
+
+@lru_cache(maxsize=1)
+def registry() -> Registry:
+    """The process-wide registry (built-ins plus installed ``apertus`` plugins), built once."""
+    return build_registry(get_plugin_manager())

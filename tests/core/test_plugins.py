@@ -1,0 +1,111 @@
+"""The plugin manager: built-ins through the hooks, a third-party plugin through its entry point."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from apertus_plugins import plugins
+from apertus_plugins.plugins import Modality, build_registry, get_plugin_manager, hookimpl
+
+
+def test_builtin_modalities_register_through_hooks():
+    reg = build_registry(get_plugin_manager(load_entry_points=False))
+    assert set(reg.modalities) >= {"image", "audio"}
+    assert reg.modalities["image"].placeholder == "image"
+    assert reg.modality_for_part("input_audio").name == "audio"
+    assert reg.modality_for_part("image_url").name == "image"
+    assert reg.modality_for_part("text") is None
+    assert "apertus.builtin.modalities" in reg.plugins
+
+
+def test_duplicate_names_are_an_error_naming_both_plugins():
+    class Clash:
+        @hookimpl
+        def apertus_modalities(self):
+            return [Modality("image", 1, "image", (), ("x",), ("l",), lambda *a, **k: None)]
+
+    pm = get_plugin_manager(load_entry_points=False)
+    pm.register(Clash(), name="clashing-plugin")
+    with pytest.raises(ValueError, match="image.*registered twice.*clashing-plugin"):
+        build_registry(pm)
+
+
+def test_judges_rewards_and_rules_are_collected():
+    class Extras:
+        @hookimpl
+        def apertus_judges(self):
+            return {"echo-judge": lambda **cfg: "judge"}
+
+        @hookimpl
+        def apertus_reward_functions(self):
+            return {"always-one": lambda response, gt, **kw: 1.0}
+
+        @hookimpl
+        def apertus_target_rules(self):
+            return {"no-op": lambda ids, labels, weights, spec: weights}
+
+    pm = get_plugin_manager(load_entry_points=False)
+    pm.register(Extras(), name="extras")
+    reg = build_registry(pm)
+    assert reg.judges["echo-judge"]() == "judge"
+    assert reg.reward_functions["always-one"]("x", None) == 1.0
+    assert "no-op" in reg.target_rules
+
+
+THIRD_PARTY_MODULE = '''
+from apertus_plugins.plugins import Modality, hookimpl
+
+
+def build(codes, spec, layout="frames", **kw):
+    return list(codes)
+
+
+@hookimpl
+def apertus_modalities():
+    return [Modality(name="video", codebook_size=16, placeholder="image", markers=(),
+                     part_types=("video_url",), layouts=("frames",), build_sequence=build)]
+'''
+
+
+def test_third_party_modality_installed_with_pip_appears_in_registry(tmp_path: Path):
+    """Build and pip-install a tiny distribution with an `apertus` entry point, then look in a fresh process."""
+    src = tmp_path / "src"
+    (src / "tiny_video").mkdir(parents=True)
+    (src / "tiny_video" / "__init__.py").write_text(textwrap.dedent(THIRD_PARTY_MODULE))
+    (src / "pyproject.toml").write_text(textwrap.dedent('''
+        [build-system]
+        requires = ["setuptools>=61"]
+        build-backend = "setuptools.build_meta"
+        [project]
+        name = "tiny-apertus-video"
+        version = "0.0.1"
+        [project.entry-points.apertus]
+        video = "tiny_video"
+        [tool.setuptools]
+        packages = ["tiny_video"]
+    '''))
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--disable-pip-version-check", "--target", str(target), str(src)],
+        check=True,
+    )
+    probe = (
+        "import json; from apertus_plugins.plugins import registry; r = registry(); "
+        "m = r.modalities['video']; print(json.dumps({'names': sorted(r.modalities), "
+        "'part': r.modality_for_part('video_url').name, 'seq': m.build_sequence([3, 4], None)}))"
+    )
+    env = {"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    got = json.loads(out.stdout)
+    assert got == {"names": ["audio", "image", "video"], "part": "video", "seq": [3, 4]}
+
+
+def test_registry_is_cached_per_process():
+    assert plugins.registry() is plugins.registry()
