@@ -1,0 +1,278 @@
+"""Packing documents into fixed-capacity sequences (SPEC.md 4.1, 4.2).
+
+* :func:`best_fit_decreasing`: BFD bins (long-context pretraining and SFT): sort the documents by
+  length, longest first (ties: lower document index first), and put each into the open bin with the
+  least remaining room that still fits it (ties: the bin opened first); if none fits, open a bin.
+* :func:`concat_sample_index`: the pretraining variant of Megatron's ``GPTDataset``: documents
+  concatenated in the given order and cut into samples of ``seq_length`` inputs (plus one extra
+  token for the last label, shared with the next sample).
+* :func:`packed_layout` / :func:`packed_layout_from_eod`: per-token document ids, position ids that
+  reset at each document boundary, the cross-document loss exclusion and ``cu_seqlens`` for
+  packed-sequence (varlen) attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+__all__ = [
+    "BinPacking",
+    "best_fit_decreasing",
+    "concat_sample_index",
+    "PackedLayout",
+    "packed_layout",
+    "packed_layout_from_eod",
+]
+
+Oversize = Literal["error", "own_bin", "split"]
+
+
+@dataclass(frozen=True)
+class BinPacking:
+    """The result of :func:`best_fit_decreasing`, as pieces in placement order.
+
+    A piece is a whole document unless ``oversize="split"`` cut it. Piece ``i`` is tokens
+    ``piece_start[i] : piece_start[i] + piece_length[i]`` of document ``piece_doc[i]``, placed in bin
+    ``piece_bin[i]``; within a bin, pieces appear in placement order.
+    """
+
+    capacity: int
+    num_bins: int
+    piece_doc: np.ndarray
+    piece_start: np.ndarray
+    piece_length: np.ndarray
+    piece_bin: np.ndarray
+
+    def bin_lengths(self) -> np.ndarray:
+        """Tokens used per bin (int64)."""
+        return np.bincount(self.piece_bin, weights=self.piece_length, minlength=self.num_bins).astype(np.int64)
+
+    def bins(self) -> list[list[int]]:
+        """The document indices of each bin, in placement order (for small inputs and tests)."""
+        order = np.argsort(self.piece_bin, kind="stable")
+        bounds = np.searchsorted(self.piece_bin[order], np.arange(self.num_bins + 1))
+        docs = self.piece_doc[order]
+        return [docs[bounds[b] : bounds[b + 1]].tolist() for b in range(self.num_bins)]
+
+    def doc_bin(self) -> np.ndarray:
+        """For unsplit packings: the bin of each document (int64, by document index)."""
+        out = np.full(int(self.piece_doc.max(initial=-1)) + 1, -1, dtype=np.int64)
+        out[self.piece_doc] = self.piece_bin
+        return out
+
+
+class _RoomLists:
+    """Open bins grouped by remaining room; each group's bin ids kept sorted on demand."""
+
+    def __init__(self, capacity: int) -> None:
+        self.chunks: list[list[np.ndarray]] = [[] for _ in range(capacity + 1)]
+        self.sorted_ok = np.ones(capacity + 1, dtype=bool)
+        self.nonempty = np.zeros(capacity + 1, dtype=bool)
+
+    def add(self, room: int, bins: np.ndarray) -> None:
+        if bins.size == 0 or room == 0:
+            return  # full bins are never candidates
+        lst = self.chunks[room]
+        if lst:
+            self.sorted_ok[room] = False
+        lst.append(bins)
+        self.nonempty[room] = True
+
+    def smallest_at_least(self, length: int) -> int:
+        """The smallest room >= length with an open bin, or -1."""
+        tail = self.nonempty[length:]
+        r = int(tail.argmax())
+        return length + r if tail[r] else -1
+
+    def take_all(self, room: int) -> np.ndarray:
+        lst = self.chunks[room]
+        bins = lst[0] if len(lst) == 1 else np.concatenate(lst)
+        if not self.sorted_ok[room]:
+            bins = np.sort(bins)
+        self.chunks[room] = []
+        self.sorted_ok[room] = True
+        self.nonempty[room] = False
+        return bins
+
+
+def best_fit_decreasing(lengths: Any, capacity: int, *, oversize: Oversize = "error") -> BinPacking:
+    """Pack documents of the given lengths into bins of ``capacity`` tokens, best-fit-decreasing.
+
+    Args:
+        lengths: integer document lengths (each >= 1).
+        capacity: tokens per bin.
+        oversize: a document longer than ``capacity``: ``"error"`` raises, ``"own_bin"`` gives it a
+            bin of its own (over capacity, never shared), ``"split"`` cuts it into pieces of
+            ``capacity`` tokens (each its own bin) and a remainder that is packed like a document.
+
+    Equal lengths are placed in bulk: a bin whose room ``r`` is the best fit for a length ``n``
+    stays the best fit for the following ``r // n`` documents of that length, so the work is per
+    (length, room) pair, not per document.
+    """
+    lens = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    capacity = int(capacity)
+    if capacity < 1:
+        raise ValueError(f"capacity must be >= 1, got {capacity}")
+    if lens.size and int(lens.min()) < 1:
+        raise ValueError(f"document lengths must be >= 1, found {int(lens.min())} (document {int(lens.argmin())})")
+    if oversize not in ("error", "own_bin", "split"):
+        raise ValueError(f"oversize must be error, own_bin or split, got {oversize!r}")
+    docs = np.arange(lens.size, dtype=np.int64)
+    starts = np.zeros(lens.size, dtype=np.int64)
+    over = lens > capacity
+    if over.any() and oversize == "error":
+        d = int(np.flatnonzero(over)[0])
+        raise ValueError(f"document {d} has {int(lens[d])} tokens, more than the capacity {capacity}")
+    if over.any() and oversize == "split":
+        full = lens // capacity
+        rem = lens % capacity
+        count = full + (rem > 0)
+        docs = np.repeat(docs, count)
+        first = np.cumsum(count) - count
+        k = np.arange(docs.size, dtype=np.int64) - np.repeat(first, count)
+        starts = k * capacity
+        lens = np.minimum(capacity, np.repeat(lens, count) - starts)
+    order = np.lexsort((docs, starts, -lens))  # longest first; ties by document, then piece
+    p_doc, p_start, p_len = docs[order], starts[order], lens[order]
+    p_bin = np.empty(p_len.size, dtype=np.int64)
+
+    rooms = _RoomLists(capacity)
+    next_bin = 0
+    n_over = int(np.count_nonzero(p_len > capacity))
+    if n_over:  # only with oversize="own_bin": they sort first, one bin each
+        p_bin[:n_over] = np.arange(n_over)
+        next_bin = n_over
+    # groups of equal length, longest first
+    seg_len = p_len[n_over:]
+    if seg_len.size:
+        change = np.flatnonzero(seg_len[1:] != seg_len[:-1]) + 1
+        g_start = np.concatenate([[0], change]) + n_over
+        g_end = np.concatenate([change, [seg_len.size]]) + n_over
+    else:
+        g_start = g_end = np.zeros(0, dtype=np.int64)
+    for s, e in zip(g_start.tolist(), g_end.tolist(), strict=True):
+        length = int(p_len[s])
+        pos = s
+        while pos < e:
+            room = rooms.smallest_at_least(length)
+            remaining = e - pos
+            if room < 0:  # open new bins: each takes capacity // length documents
+                per = capacity // length
+                n_bins = -(-remaining // per)
+                new = np.arange(next_bin, next_bin + n_bins, dtype=np.int64)
+                next_bin += n_bins
+                p_bin[pos:e] = np.repeat(new, per)[:remaining]
+                n_full = remaining // per
+                rooms.add(capacity - per * length, new[:n_full])
+                if n_full < n_bins:
+                    rooms.add(capacity - (remaining - n_full * per) * length, new[n_full:])
+                pos = e
+                continue
+            bins = rooms.take_all(room)
+            per = room // length
+            n_use = min(bins.size, -(-remaining // per))
+            placed = min(remaining, n_use * per)
+            p_bin[pos : pos + placed] = np.repeat(bins[:n_use], per)[:placed]
+            n_full = placed // per
+            rooms.add(room - per * length, bins[:n_full])
+            if n_full < n_use:
+                rooms.add(room - (placed - n_full * per) * length, bins[n_full:n_use])
+            if n_use < bins.size:
+                rooms.add(room, bins[n_use:])
+            pos += placed
+    return BinPacking(capacity, next_bin, p_doc, p_start, p_len, p_bin)
+
+
+def concat_sample_index(lengths: Any, seq_length: int, *, add_extra_token: bool = True) -> np.ndarray:
+    """Cut documents concatenated in the given order into samples, as Megatron's ``GPTDataset``.
+
+    Returns an int64 array of shape ``(num_samples + 1, 2)``: row ``i`` is ``(document position,
+    offset)`` where sample ``i`` starts; sample ``i`` spans the tokens from row ``i`` up to row
+    ``i+1`` plus, with ``add_extra_token``, one token more (its last label, which is also the first
+    input of the next sample). ``num_samples = (total - add_extra_token) // seq_length``.
+    """
+    lens = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    if seq_length < 1:
+        raise ValueError(f"seq_length must be >= 1, got {seq_length}")
+    total = int(lens.sum())
+    extra = 1 if add_extra_token else 0
+    num_samples = max((total - extra) // seq_length, 0)
+    token_starts = np.arange(num_samples + 1, dtype=np.int64) * seq_length
+    out = np.zeros((num_samples + 1, 2), dtype=np.int64)
+    if num_samples == 0:
+        return out
+    ends = np.cumsum(lens)
+    # sample i >= 1 starts in the document holding the last token sample i-1 consumes (with the
+    # extra token that is token i*seq_length itself), as Megatron's build_sample_idx walks
+    last = token_starts[1:] + extra - 1
+    doc = np.searchsorted(ends, last, side="right")
+    out[1:, 0] = doc
+    out[1:, 1] = token_starts[1:] - (ends[doc] - lens[doc])
+    return out
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Per-token layout of one packed sequence of ``S`` input tokens.
+
+    Attributes:
+        document_ids: int32 ``(S,)``, the index of the document each input token belongs to.
+        position_ids: int64 ``(S,)``, restarting at 0 at each document.
+        loss_mask: float32 ``(S,)`` per input position (its label is the next token): 0 where the
+            label crosses into the next document, 1 elsewhere.
+        cu_seqlens: int32 ``(D+1,)``, cumulative document lengths starting at 0 and ending at ``S``.
+    """
+
+    document_ids: np.ndarray
+    position_ids: np.ndarray
+    loss_mask: np.ndarray
+    cu_seqlens: np.ndarray
+
+
+def _layout_from_lengths(seg: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    cu = np.zeros(seg.size + 1, dtype=np.int64)
+    np.cumsum(seg, out=cu[1:])
+    doc_ids = np.repeat(np.arange(seg.size, dtype=np.int32), seg)
+    pos = np.arange(total, dtype=np.int64) - np.repeat(cu[:-1], seg)
+    return doc_ids, pos, cu
+
+
+def packed_layout(doc_lengths: Any, *, last_continues: bool = False) -> PackedLayout:
+    """The layout of a sequence made of documents of the given lengths, back to back.
+
+    The last input of each document predicts the first token of the next one: its loss is masked.
+    ``last_continues=True`` says the final document goes on past the sequence (the pretraining
+    concatenation, where the extra token belongs to it), keeping its last position trained.
+    """
+    seg = np.asarray(doc_lengths, dtype=np.int64).reshape(-1)
+    if seg.size and int(seg.min()) < 1:
+        raise ValueError("document lengths must be >= 1")
+    total = int(seg.sum())
+    doc_ids, pos, cu = _layout_from_lengths(seg, total)
+    loss = np.ones(total, dtype=np.float32)
+    last = cu[1:] - 1
+    if last_continues and last.size:
+        last = last[:-1]
+    loss[last] = 0.0
+    return PackedLayout(doc_ids, pos, loss, cu.astype(np.int32))
+
+
+def packed_layout_from_eod(tokens: Any, eod_id: int) -> PackedLayout:
+    """The layout of a packed input sequence whose documents end with the token ``eod_id``.
+
+    As Megatron's ``get_ltor_masks_and_position_ids`` with position and attention resets: a new
+    document starts after each ``eod_id``; the position whose input is ``eod_id`` is masked.
+    """
+    tok = np.asarray(tokens).reshape(-1)
+    total = tok.size
+    ends = np.flatnonzero(tok == eod_id) + 1
+    ends = ends[ends < total]
+    bounds = np.concatenate([[0], ends, [total]]) if total else np.zeros(1, dtype=np.int64)
+    seg = np.diff(bounds)
+    doc_ids, pos, cu = _layout_from_lengths(seg, total)
+    loss = np.ones(total, dtype=np.float32)
+    loss[tok == eod_id] = 0.0
+    return PackedLayout(doc_ids, pos, loss, cu.astype(np.int32))
