@@ -135,7 +135,7 @@ def best_fit_decreasing(lengths: Any, capacity: int, *, oversize: Oversize = "er
         k = np.arange(docs.size, dtype=np.int64) - np.repeat(first, count)
         starts = k * capacity
         lens = np.minimum(capacity, np.repeat(lens, count) - starts)
-    order = np.lexsort((docs, starts, -lens))  # longest first; ties by document, then piece
+    order = np.lexsort((starts, docs, -lens))  # longest first; ties by document, then piece
     p_doc, p_start, p_len = docs[order], starts[order], lens[order]
     p_bin = np.empty(p_len.size, dtype=np.int64)
 

@@ -1,0 +1,179 @@
+"""Best-fit-decreasing packing and packed-sequence layouts against naive references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from apertus_plugins.packing import (
+    best_fit_decreasing,
+    concat_sample_index,
+    packed_layout,
+    packed_layout_from_eod,
+)
+
+
+def naive_bfd(lengths: list[int], capacity: int, oversize: str = "own_bin") -> list[list[int]]:
+    """O(n * bins): longest first (ties by index); the fullest bin that fits (ties: the older bin)."""
+    pieces = []
+    for d, n in enumerate(lengths):
+        if n > capacity and oversize == "split":
+            start = 0
+            while start < n:
+                pieces.append((min(capacity, n - start), d, start))
+                start += capacity
+        else:
+            pieces.append((n, d, 0))
+    pieces.sort(key=lambda p: (-p[0], p[1], p[2]))
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for n, d, _ in pieces:
+        if n > capacity:
+            bins.append([d])
+            room.append(0)
+            continue
+        best = -1
+        for b, r in enumerate(room):
+            if r >= n and (best < 0 or r < room[best]):
+                best = b
+        if best < 0:
+            bins.append([])
+            room.append(capacity)
+            best = len(bins) - 1
+        bins[best].append(d)
+        room[best] -= n
+    return bins
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.integers(1, 40), max_size=60), st.integers(1, 40))
+def test_bfd_matches_naive_reference(lengths: list[int], capacity: int) -> None:
+    lengths = [min(n, capacity) for n in lengths]
+    got = best_fit_decreasing(lengths, capacity)
+    assert got.bins() == naive_bfd(lengths, capacity)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_bfd_random_against_reference_and_invariants(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    capacity = int(rng.integers(8, 200))
+    n = int(rng.integers(1, 400))
+    lengths = np.minimum(rng.geometric(1 / rng.uniform(2, capacity / 2), n), capacity)
+    p = best_fit_decreasing(lengths, capacity)
+    assert p.bins() == naive_bfd(lengths.tolist(), capacity)
+    assert sorted(p.piece_doc.tolist()) == list(range(n))  # every document placed once
+    assert p.bin_lengths().max() <= capacity
+    assert p.bin_lengths().sum() == lengths.sum()
+    assert p.doc_bin()[p.piece_doc].tolist() == p.piece_bin.tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 100), max_size=40), st.integers(1, 30))
+def test_oversize_options(lengths: list[int], capacity: int) -> None:
+    split = best_fit_decreasing(lengths, capacity, oversize="split")
+    assert split.bins() == naive_bfd(lengths, capacity, "split")
+    assert split.bin_lengths().max(initial=0) <= capacity
+    for d, n in enumerate(lengths):  # the pieces of each document tile it
+        sel = split.piece_doc == d
+        starts, lens = split.piece_start[sel], split.piece_length[sel]
+        order = np.argsort(starts)
+        assert np.array_equal(np.cumsum(lens[order]) - lens[order], starts[order])
+        assert lens.sum() == n
+    own = best_fit_decreasing(lengths, capacity, oversize="own_bin")
+    assert own.bins() == naive_bfd(lengths, capacity, "own_bin")
+    for b, docs in enumerate(own.bins()):
+        if any(lengths[d] > capacity for d in docs):
+            assert len(docs) == 1, b
+    if any(n > capacity for n in lengths):
+        with pytest.raises(ValueError, match="capacity"):
+            best_fit_decreasing(lengths, capacity)
+
+
+def test_bfd_errors_and_empty() -> None:
+    with pytest.raises(ValueError, match=">= 1"):
+        best_fit_decreasing([3, 0], 8)
+    with pytest.raises(ValueError, match="capacity"):
+        best_fit_decreasing([3], 0)
+    with pytest.raises(ValueError, match="oversize"):
+        best_fit_decreasing([3], 5, oversize="drop")  # type: ignore[arg-type]
+    p = best_fit_decreasing([], 8)
+    assert p.num_bins == 0 and p.bins() == []
+
+
+def test_bfd_large_bulk_path() -> None:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 2049, 200_000)
+    p = best_fit_decreasing(lengths, 2048)
+    used = p.bin_lengths()
+    assert used.max() <= 2048 and used.sum() == lengths.sum()
+    assert np.bincount(p.piece_doc, minlength=lengths.size).max() == 1
+    assert p.num_bins <= lengths.sum() / 2048 * 1.01 + 1
+
+
+def naive_sample_index(lengths: list[int], seq_length: int, extra: int) -> list[list[int]]:
+    """Megatron's build_sample_idx walk, one document at a time."""
+    total = sum(lengths)
+    num = (total - extra) // seq_length
+    out = [[0, 0]]
+    doc, offset = 0, 0
+    for _ in range(num):
+        remaining = seq_length + extra
+        while remaining != 0:
+            doc_len = lengths[doc] - offset
+            remaining -= doc_len
+            if remaining <= 0:
+                offset += remaining + doc_len - extra
+                remaining = 0
+            else:
+                doc += 1
+                offset = 0
+        out.append([doc, offset])
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 30), min_size=1, max_size=30), st.integers(1, 25), st.booleans())
+def test_concat_sample_index_matches_megatron_walk(lengths: list[int], seq: int, extra: bool) -> None:
+    got = concat_sample_index(lengths, seq, add_extra_token=extra)
+    assert got.tolist() == naive_sample_index(lengths, seq, int(extra))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 20), min_size=0, max_size=20), st.booleans())
+def test_packed_layout_consistency(lengths: list[int], last_continues: bool) -> None:
+    lay = packed_layout(lengths, last_continues=last_continues)
+    total = sum(lengths)
+    assert lay.cu_seqlens.dtype == np.int32 and lay.cu_seqlens.tolist() == np.cumsum([0, *lengths]).tolist()
+    pos, docs, loss = [], [], []
+    for d, n in enumerate(lengths):
+        pos += list(range(n))
+        docs += [d] * n
+        loss += [1.0] * (n - 1) + [1.0 if (last_continues and d == len(lengths) - 1) else 0.0]
+    assert lay.position_ids.tolist() == pos and lay.document_ids.tolist() == docs
+    assert lay.loss_mask.tolist() == loss and lay.loss_mask.size == total
+    for d in range(len(lengths)):  # cu_seqlens bound each document's positions
+        a, b = lay.cu_seqlens[d], lay.cu_seqlens[d + 1]
+        assert (lay.document_ids[a:b] == d).all() and lay.position_ids[a] == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([2, 7, 8, 9]), max_size=40))
+def test_layout_from_eod_matches_megatron_rule(tokens: list[int]) -> None:
+    eod = 2
+    lay = packed_layout_from_eod(np.array(tokens), eod)
+    pos, docs, loss, cu = [], [], [], [0]
+    p = d = 0
+    for i, t in enumerate(tokens):
+        pos.append(p)
+        docs.append(d)
+        loss.append(0.0 if t == eod else 1.0)
+        p += 1
+        if t == eod and i + 1 < len(tokens):
+            p, d = 0, d + 1
+            cu.append(i + 1)
+    cu.append(len(tokens))
+    assert lay.position_ids.tolist() == pos and lay.document_ids.tolist() == docs
+    assert lay.loss_mask.tolist() == loss
+    assert lay.cu_seqlens.tolist() == (cu if tokens else [0])
