@@ -37,8 +37,8 @@ _TURN_OPENERS_OTHER = ("system_start", "developer_start", "user_start")
 _TURN_CLOSERS = ("system_end", "developer_end", "user_end")
 _RESETS = ("bos", "eos")
 
-# token classes of the SFT state machine
-_PLAIN, _A_START, _A_END, _T_START, _T_END, _OTHER_TURN = 0, 1, 2, 3, 4, 5
+# token classes of the SFT state machine (_NEVER: a plain token that is never a target)
+_PLAIN, _A_START, _A_END, _T_START, _T_END, _OTHER_TURN, _NEVER = 0, 1, 2, 3, 4, 5, 6
 
 
 def _to_numpy(x: Any) -> tuple[np.ndarray, Any]:
@@ -67,13 +67,9 @@ class _SftTables:
         cls[spec.id("tool_output_end")] = _T_END
         for name in _TURN_OPENERS_OTHER + _TURN_CLOSERS + _RESETS:
             cls[spec.id(name)] = _OTHER_TURN
-        never = np.zeros(size, dtype=bool)
-        never[cls != _PLAIN] = True
-        never[spec.id("assistant_end")] = False  # the stop token is trained
-        never[spec.pad_id] = True
-        never[spec.text_size :] = True  # omni markers and media codes: the LM head predicts text only
+        cls[spec.pad_id] = _NEVER
+        cls[spec.text_size :] = _NEVER  # omni markers and media codes: the LM head predicts text only
         self.cls = cls
-        self.never = never
         self.size = size
 
 
@@ -100,30 +96,32 @@ def _sft_mask_1d(ids: np.ndarray, tables: _SftTables, start_inside: str) -> np.n
     if n < 2:
         return np.zeros(max(n - 1, 0), dtype=bool)
     cls = tables.cls[ids]
-    is_turn = (cls == _A_START) | (cls == _A_END) | (cls == _OTHER_TURN)
-    is_tool_event = is_turn | (cls == _T_START) | (cls == _T_END)
+    # every marker class (1..5) is a tool-output event; the turn markers among them also set the turn
+    marker_pos = np.flatnonzero((cls.view(np.uint8) - np.uint8(1)) < np.uint8(5))
+    marker_cls = cls[marker_pos]
     if start_inside == "auto":
-        marker_pos = np.flatnonzero(is_tool_event)
-        first = cls[marker_pos[0]] if marker_pos.size else _PLAIN
-        start_inside = {_A_END: "assistant", _T_START: "assistant", _T_END: "tool_output"}.get(int(first), "none")
+        first = int(marker_cls[0]) if marker_pos.size else _PLAIN
+        start_inside = {_A_END: "assistant", _T_START: "assistant", _T_END: "tool_output"}.get(first, "none")
     init_a = start_inside in ("assistant", "tool_output")
     init_t = start_inside == "tool_output"
-
-    pos = np.arange(n, dtype=np.int64)
-    # last turn marker strictly before each position (-1: none, the start state applies)
-    last_turn = np.maximum.accumulate(np.where(is_turn, pos, -1))
-    before_turn = np.empty(n, dtype=np.int64)
-    before_turn[0] = -1
-    before_turn[1:] = last_turn[:-1]
-    in_assistant = np.where(before_turn >= 0, cls[np.maximum(before_turn, 0)] == _A_START, init_a)
-    # last tool-output event (or turn marker, which closes any open tool output) strictly before
-    last_tool = np.maximum.accumulate(np.where(is_tool_event, pos, -1))
-    before_tool = np.empty(n, dtype=np.int64)
-    before_tool[0] = -1
-    before_tool[1:] = last_tool[:-1]
-    in_tool = np.where(before_tool >= 0, cls[np.maximum(before_tool, 0)] == _T_START, init_t)
-
-    trained = in_assistant & ~in_tool & ~tables.never[ids]
+    # the state after each marker: the assistant flag comes from the last turn marker so far
+    # (forward-filled over the markers), the tool-output flag from the marker itself
+    is_turn = (marker_cls != _T_START) & (marker_cls != _T_END)
+    k = np.arange(marker_pos.size, dtype=np.int64)
+    last_turn = np.maximum.accumulate(np.where(is_turn, k, -1)) if k.size else k
+    after_a = np.where(last_turn >= 0, marker_cls[np.maximum(last_turn, 0)] == _A_START, init_a)
+    after_t = marker_cls == _T_START
+    state = np.empty(marker_pos.size + 1, dtype=bool)
+    state[0] = init_a and not init_t
+    state[1:] = after_a & ~after_t
+    # position p takes the state after the last marker strictly before it: positions 0..m_0 the
+    # start state, m_i+1..m_{i+1} the state after marker i, m_last+1..n-1 the state after the last
+    bounds = np.empty(marker_pos.size + 2, dtype=np.int64)
+    bounds[0] = -1
+    bounds[1:-1] = marker_pos
+    bounds[-1] = n - 1
+    trained = np.repeat(state, np.diff(bounds))
+    trained &= (cls == _PLAIN) | (cls == _A_END)  # every other marker, and _NEVER, is never a target
     return trained[1:]
 
 
