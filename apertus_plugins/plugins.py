@@ -14,9 +14,10 @@ every adapter that consults :func:`registry` sees it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import pluggy
 

@@ -61,7 +61,7 @@ def _learn_merges(corpus: str, n_merges: int) -> list[tuple[str, str]]:
     for _ in range(n_merges):
         pairs: Counter = Counter()
         for word, count in words.items():
-            for a, b in zip(word, word[1:]):
+            for a, b in zip(word, word[1:], strict=False):
                 pairs[(a, b)] += count
         if not pairs:
             break

@@ -9,10 +9,11 @@ same structure for tests, and :meth:`VocabSpec.from_tokenizer_dir` reads a token
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -162,7 +163,7 @@ class VocabSpec:
         image_codes: int = 256,
         audio_codes: int = 64,
         embedding_padding: int = 0,
-    ) -> "VocabSpec":
+    ) -> VocabSpec:
         """A smaller spec with the released structure: text, omni block, image codes, audio codes.
 
         The chat ids keep their released values, so ``text_size`` must exceed the highest of them.
@@ -178,7 +179,7 @@ class VocabSpec:
         )
 
     @classmethod
-    def from_tokenizer_dir(cls, path: str | Path, embedding_rows: int | None = None) -> "VocabSpec":
+    def from_tokenizer_dir(cls, path: str | Path, embedding_rows: int | None = None) -> VocabSpec:
         """Read the layout of a tokenizer directory (``tokenizer.json`` + ``tokenizer_config.json``).
 
         Offsets come from ``omnimodal_config`` when present, else from the positions of the marker
@@ -298,7 +299,7 @@ class VocabSpec:
             if m.size <= 0:
                 raise VocabError(f"modality {m.name} has no codes (size {m.size})")
         ordered = sorted(ranges, key=lambda r: r[1])
-        for (n1, _s1, e1), (n2, s2, _e2) in zip(ordered, ordered[1:]):
+        for (n1, _s1, e1), (n2, s2, _e2) in zip(ordered, ordered[1:], strict=False):
             if s2 < e1:
                 raise VocabError(f"id ranges overlap: {n1} ends at {e1 - 1} but {n2} starts at {s2}")
         end = max(r[2] for r in ranges)
