@@ -17,9 +17,9 @@ def small_spec() -> VocabSpec:
 
 @pytest.fixture(scope="session")
 def small_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory, small_spec: VocabSpec) -> Path:
-    return build_test_tokenizer(tmp_path_factory.mktemp("tok_small"), small_spec)
+    return build_test_tokenizer(tmp_path_factory.mktemp("tok_small"), small_spec, with_templates=False)
 
 
 @pytest.fixture(scope="session")
 def full_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_test_tokenizer(tmp_path_factory.mktemp("tok_full"), VocabSpec())
+    return build_test_tokenizer(tmp_path_factory.mktemp("tok_full"), VocabSpec(), with_templates=False)

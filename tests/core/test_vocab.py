@@ -154,4 +154,4 @@ def test_cli_vocab(small_tokenizer_dir, capsys):
     assert cli_main(["vocab", str(small_tokenizer_dir)]) == 0
     assert "omni block     512..711" in capsys.readouterr().out
     assert cli_main(["vocab", str(small_tokenizer_dir), "--embedding-rows", "10"]) == 1
-    assert "embedding has 10 rows" in capsys.readouterr().err
+    assert "but the embedding has 10" in capsys.readouterr().err
