@@ -10,7 +10,7 @@ messages and turned OpenAI-style inputs into the canonical shape.
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from typing import Any
 
@@ -27,7 +27,7 @@ class ChatFormatError(ValueError):
     """A conversation the chat format cannot render; the message names the message index."""
 
 
-@lru_cache(maxsize=None)
+@cache
 def _source() -> str:
     return (resources.files(__package__) / "apertus1p5.jinja").read_text(encoding="utf-8")
 
@@ -45,7 +45,7 @@ def _raise(message: str) -> None:
     raise ChatFormatError(message)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _compiled(variant: str) -> Any:
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -175,7 +175,20 @@ def render(
     bos_token: str = "<s>",
 ) -> str:
     """Render a conversation to the exact string the model was trained on."""
-    msgs = normalize_messages(messages)
+    return render_normalized(normalize_messages(messages), tools, add_generation_prompt, enable_thinking,
+                             continue_assistant_message, variant, bos_token)
+
+
+def render_normalized(
+    msgs: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = False,
+    enable_thinking: bool = False,
+    continue_assistant_message: bool = False,
+    variant: str = "inference",
+    bos_token: str = "<s>",
+) -> str:
+    """Render messages that :func:`normalize_messages` has already checked."""
     return _compiled(variant).render(
         messages=msgs,
         tools=tools or None,

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except BrokenPipeError:
         return 0
-    except (ValueError, FileNotFoundError, KeyError) as exc:
+    except (ValueError, OSError, KeyError) as exc:
         print(f"apertus {args.command}: error: {exc}", file=sys.stderr)
         return 1
 
