@@ -1,0 +1,96 @@
+"""``apertus demo``: the main job on the embedded test tokenizer and the bundled media.
+
+Renders a multimodal conversation (a bundled image and audio clip, thinking, a tool call),
+tokenizes it injection-safely with the media placeholders expanded into their sequences, and
+prints the token layout with roles. The media codes come from the vision and audio encoders;
+until a checkpoint with encoders is given, each code position holds the modality's placeholder
+id, which is exactly what a serving processor emits before it runs the encoders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from ..vocab import VocabSpec
+
+CONVERSATION = {
+    "messages": [
+        {"role": "user", "content": [
+            {"type": "text", "text": "What is in this picture, and what does the clip say? "},
+            {"type": "image_url", "image_url": {"url": "demo.png"}},
+            {"type": "input_audio", "input_audio": {"data": "demo.wav", "format": "wav"}},
+        ]},
+        {"role": "assistant", "reasoning_content": "Look at the picture, then listen.",
+         "content": "A small test pattern and a short tone."},
+    ],
+}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="render and tokenize a multimodal conversation, print its layout",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokenizer", help="a tokenizer directory (default: build the embedded test tokenizer)")
+    p.add_argument("--layout", default="inference", choices=["inference", "training"], help="image layout")
+    p.add_argument("--enable-thinking", action="store_true", default=True)
+    p.set_defaults(func=run)
+
+
+def _media_path(name: str) -> Path:
+    return Path(str(resources.files("apertus_plugins") / "data" / name))
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..chat import ChatTokenizer, MediaItem, render
+    from ..media import audio as audio_mod
+    from ..media import image as image_mod
+    from ..tokenizer_builder import build_test_tokenizer
+
+    tmp = None
+    if args.tokenizer:
+        tok_dir = Path(args.tokenizer)
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="apertus-demo-")
+        tok_dir = build_test_tokenizer(Path(tmp.name) / "tokenizer", VocabSpec.scaled())
+    spec = VocabSpec.from_tokenizer_dir(tok_dir)
+    chat = ChatTokenizer(tok_dir, spec)
+
+    img = image_mod.preprocess_image(_media_path("demo.png"))
+    rows, cols = img.grid
+    wave, rate = audio_mod.load_audio(_media_path("demo.wav"))
+    clip = audio_mod.preprocess_audio(wave, rate)
+    n_codes = audio_mod.audio_code_count(clip.shape[-1])
+    image_ids = image_mod.image_placeholder_sequence(rows, cols, spec, layout=args.layout,
+                                                     text_ids=chat.text_ids)
+    audio_ids = audio_mod.audio_placeholder_sequence(n_codes, spec)
+
+    messages = CONVERSATION["messages"]
+    rendered = render(messages, enable_thinking=args.enable_thinking)
+    enc = chat.encode_conversation(messages, enable_thinking=args.enable_thinking,
+                                   media=[MediaItem("image", image_ids), MediaItem("audio", audio_ids)])
+    print("== rendered (chat template, inference variant) ==")
+    print(rendered)
+    print()
+    print(f"== media ==\nimage {_media_path('demo.png').name}: resized to {img.height}x{img.width}, "
+          f"grid {rows}x{cols} = {rows * cols} codes, {len(image_ids)} ids in the {args.layout} layout")
+    print(f"audio {_media_path('demo.wav').name}: {wave.shape[-1]} samples at {rate} Hz -> "
+          f"{clip.shape[-1]} at 24 kHz = {n_codes} codes, {len(audio_ids)} ids")
+    print()
+    print(f"== token layout ({len(enc.ids)} ids, vocabulary of {spec.size}) ==")
+    print(f"{'role':10s} {'start':>5s} {'len':>5s}  first tokens")
+    for role, start, stop in enc.segments():
+        piece = enc.ids[start:stop]
+        names = [spec.id_to_name.get(int(i)) for i in piece[:6]]
+        shown = " ".join(f"<{n}>" if n else chat.decode([int(i)]) for n, i in zip(names, piece[:6], strict=True))
+        more = " ..." if stop - start > 6 else ""
+        print(f"{role:10s} {start:5d} {stop - start:5d}  {shown!s}{more}")
+    counts = {name: int(np.sum(spec.modality_of(enc.ids) == k)) for k, name in enumerate(spec.modality_names)}
+    print()
+    print("ids per block: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
+    if tmp is not None:
+        tmp.cleanup()
+    return 0
