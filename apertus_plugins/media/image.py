@@ -21,7 +21,7 @@ from ..vocab import VocabSpec
 
 __all__ = [
     "PATCH", "MIN_PIXELS", "MAX_PIXELS", "MAX_ASPECT", "POLICIES", "KERNELS", "LAYOUTS", "ResizePolicy",
-    "PreprocessedImage", "resized_size", "image_grid", "preprocess_image", "image_sequence",
+    "PreprocessedImage", "normalize_pixels", "resized_size", "image_grid", "preprocess_image", "image_sequence",
     "image_placeholder_sequence", "detect_image_layout",
 ]
 
@@ -136,13 +136,23 @@ def _open(image: Any) -> Any:
 
 
 def preprocess_image(image: Any, policy: str | ResizePolicy = "released") -> PreprocessedImage:
-    """Convert to RGB, resize per ``policy`` and map to [-1, 1] as pixel / 127.5 - 1."""
+    """Convert to RGB, resize per ``policy`` and map to [-1, 1].
+
+    The mapping is the released processor's float32 arithmetic, ``(pixel - 127.5) / 127.5``
+    (its rescale by 1/255 and normalization by mean 0.5, std 0.5, fused).
+    """
     p = _policy(policy)
     img = _open(image).convert("RGB")
     h, w = resized_size(img.height, img.width, p)
     arr = KERNELS[p.kernel](img, (h, w))
-    pixels = (arr.astype(np.float32) / np.float32(127.5) - np.float32(1.0)).transpose(2, 0, 1)
+    pixels = normalize_pixels(arr).transpose(2, 0, 1)
     return PreprocessedImage(np.ascontiguousarray(pixels), h, w, (h // p.factor, w // p.factor))
+
+
+def normalize_pixels(arr: np.ndarray) -> np.ndarray:
+    """uint8 pixels -> float32 in [-1, 1], as ``(x - 127.5) / 127.5`` in float32."""
+    half = np.float32(127.5)
+    return (arr.astype(np.float32) - half) / half
 
 
 # ---------------------------------------------------------------------- layouts
