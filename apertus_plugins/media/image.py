@@ -44,7 +44,7 @@ class ResizePolicy:
     max_pixels: int = MAX_PIXELS
     factor: int = PATCH
     rule: str = "smart"  # "smart" (released processor) or "area" (Emu3.5 reference: resize to the budget)
-    kernel: str = "pil-bicubic"
+    kernel: str = "torch-aa-bicubic"
 
 
 POLICIES: dict[str, ResizePolicy] = {
@@ -113,8 +113,64 @@ def _pil_bicubic(img: Any, size: tuple[int, int]) -> np.ndarray:
     return np.asarray(img.resize((w, h), Image.Resampling.BICUBIC), dtype=np.uint8)
 
 
+def _aa_bicubic_weights(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Start indices, int16-scaled weights [out, K] and precision of torch's uint8 antialiased bicubic."""
+    scale = in_size / out_size
+    support = 2.0 * scale if scale >= 1.0 else 2.0
+    invscale = 1.0 / scale if scale >= 1.0 else 1.0
+    centers = scale * (np.arange(out_size, dtype=np.float64) + 0.5)
+    xmin = np.maximum((centers - support + 0.5).astype(np.int64), 0)
+    xmax = np.minimum((centers + support + 0.5).astype(np.int64), in_size)
+    size = xmax - xmin
+    k = np.arange(int(size.max()), dtype=np.float64)
+    x = np.abs((k[None, :] + xmin[:, None] - centers[:, None] + 0.5) * invscale)
+    a = -0.5
+    w = np.where(x < 1.0, ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0,
+                 np.where(x < 2.0, (((x - 5.0) * x + 8.0) * x - 4.0) * a, 0.0))
+    w = np.where(k[None, :] < size[:, None], w, 0.0)
+    total = w.sum(axis=1, keepdims=True)
+    w = np.where(total != 0.0, w / np.where(total == 0.0, 1.0, total), 0.0)
+    max_w = float(w.max())
+    prec = 0
+    while prec < 22 and int(0.5 + max_w * (1 << (prec + 1))) < (1 << 15):
+        prec += 1
+    scaled = w * (1 << prec)
+    wi = np.where(w < 0, np.trunc(-0.5 + scaled), np.trunc(0.5 + scaled)).astype(np.int64)
+    return xmin, wi, prec
+
+
+def _aa_pass(arr: np.ndarray, out_size: int, axis: int) -> np.ndarray:
+    in_size = arr.shape[axis]
+    if in_size == out_size:
+        return arr
+    xmin, w, prec = _aa_bicubic_weights(in_size, out_size)
+    src = np.moveaxis(arr, axis, 0).astype(np.int64)
+    acc = np.full((out_size,) + src.shape[1:], 1 << (prec - 1), dtype=np.int64)
+    shape = (out_size,) + (1,) * (src.ndim - 1)
+    for j in range(w.shape[1]):
+        idx = np.minimum(xmin + j, in_size - 1)
+        acc += src[idx] * w[:, j].reshape(shape)
+    out = np.clip(acc >> prec, 0, 255).astype(np.uint8)
+    return np.moveaxis(out, 0, axis)
+
+
+def _torch_aa_bicubic(img: Any, size: tuple[int, int]) -> np.ndarray:
+    """torch's uint8 antialiased bicubic (what torchvision's resize runs on CPU), in numpy.
+
+    Fixed point as torch does it: per dimension, weights from the a = -0.5 cubic filter widened by
+    the scale when downsampling, normalized, scaled to int16 with the largest precision that fits;
+    a horizontal then a vertical pass, each rounding to uint8.
+    """
+    arr = np.asarray(img, dtype=np.uint8)
+    h, w = size
+    return _aa_pass(_aa_pass(arr, w, axis=1), h, axis=0)
+
+
 #: Resampling kernels by name: ``kernel(pil_rgb_image, (h, w)) -> uint8 [h, w, 3]``.
-KERNELS: dict[str, Callable[[Any, tuple[int, int]], np.ndarray]] = {"pil-bicubic": _pil_bicubic}
+KERNELS: dict[str, Callable[[Any, tuple[int, int]], np.ndarray]] = {
+    "torch-aa-bicubic": _torch_aa_bicubic,
+    "pil-bicubic": _pil_bicubic,
+}
 
 
 def _open(image: Any) -> Any:

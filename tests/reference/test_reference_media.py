@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 from torchvision.transforms.v2 import functional as tvF
 from transformers.models.apertus1p5.image_processing_apertus1p5 import Apertus1p5ImageProcessor
@@ -48,6 +47,22 @@ def test_normalization_equals_the_released_processor_bit_for_bit(processor, mode
                          interpolation=tvF.InterpolationMode.BICUBIC, antialias=True)
     mine = image.normalize_pixels(resized.permute(1, 2, 0).numpy()).transpose(2, 0, 1)
     np.testing.assert_array_equal(mine, ref["pixel_values"][0].numpy())
+
+
+PIXEL_SIZES = [s for s in SIZES if max(s) / min(s) <= 200 and s[0] * s[1] <= 2500 * 2500][:30]
+
+
+@pytest.mark.parametrize("h,w", PIXEL_SIZES)
+def test_pixels_equal_the_released_processor_bit_for_bit(processor, h, w):
+    """The default policy ("released": torch's uint8 antialiased bicubic, in numpy) reproduces the port."""
+    arr = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    smooth = np.cumsum(arr, axis=1, dtype=np.int64) % 256  # structured content beside pure noise
+    for a in (arr, smooth.astype(np.uint8)):
+        img = Image.fromarray(a, "RGB")
+        ref = processor(images=[img], return_tensors="pt")["pixel_values"][0].numpy()
+        mine = image.preprocess_image(img)
+        assert mine.pixels.shape == ref.shape
+        np.testing.assert_array_equal(mine.pixels, ref)
 
 
 @pytest.mark.parametrize("n", [1, 599, 600, 24_000, 37_123])
