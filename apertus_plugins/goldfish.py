@@ -38,6 +38,9 @@ import numpy as np
 
 from apertus_plugins.vocab import VocabSpec
 
+from ._arrays import like as _like
+from ._arrays import to_numpy as _to_numpy
+
 __all__ = [
     "TABLE_SIZE",
     "TABLE_SEED",
@@ -172,21 +175,6 @@ def goldfish_keys(labels: Any, h: int = 50, variant: str = "hashtable") -> np.nd
     else:
         raw = _window_weighted_sum(x, order_sensitive_coefficients(h))
     return np.remainder(raw.view(np.int64), np.int64(TABLE_SIZE))
-
-
-def _to_numpy(x: Any) -> tuple[np.ndarray, Any]:
-    """Array view of ``x``; the second value is the torch tensor it came from (or None)."""
-    if type(x).__module__.split(".")[0] == "torch":
-        return x.detach().cpu().numpy(), x
-    return np.asarray(x), None
-
-
-def _like(out: np.ndarray, src: Any) -> Any:
-    if src is None:
-        return out
-    import torch  # only reached when the caller passed a torch tensor
-
-    return torch.from_numpy(np.ascontiguousarray(out)).to(src.device)
 
 
 def goldfish_drop(

@@ -20,6 +20,9 @@ import numpy as np
 
 from apertus_plugins.vocab import TASK_CONTROL_MARKERS, VocabSpec
 
+from ._arrays import like as _like
+from ._arrays import to_numpy as _to_numpy
+
 __all__ = [
     "StartState",
     "sft_mask",
@@ -39,20 +42,6 @@ _RESETS = ("bos", "eos")
 
 # token classes of the SFT state machine (_NEVER: a plain token that is never a target)
 _PLAIN, _A_START, _A_END, _T_START, _T_END, _OTHER_TURN, _NEVER = 0, 1, 2, 3, 4, 5, 6
-
-
-def _to_numpy(x: Any) -> tuple[np.ndarray, Any]:
-    if type(x).__module__.split(".")[0] == "torch":
-        return x.detach().cpu().numpy(), x
-    return np.asarray(x), None
-
-
-def _like(out: np.ndarray, src: Any) -> Any:
-    if src is None:
-        return out
-    import torch  # only reached when the caller passed a torch tensor
-
-    return torch.from_numpy(np.ascontiguousarray(out)).to(src.device)
 
 
 class _SftTables:

@@ -164,7 +164,7 @@ def _clean(s: str) -> str:
     return s
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=2500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(user=texts, thoughts=st.one_of(st.none(), texts), answer=texts, calls=calls_st, thinking=st.booleans(),
        media=st.lists(st.sampled_from(["image", "audio"]), max_size=2), data=st.data())
 def test_render_tokenize_parse_round_trip(chat, small_spec, user, thoughts, answer, calls, thinking, media, data):
