@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
+from _vectors import VECTORS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,8 +20,6 @@ from apertus_plugins.chat import (
 )
 from apertus_plugins.cli import main as cli_main
 from apertus_plugins.vocab import VocabSpec
-
-VECTORS = json.loads((Path(__file__).resolve().parents[3] / "shared" / "vectors" / "chat_render.json").read_text())
 
 
 @pytest.fixture(scope="module")

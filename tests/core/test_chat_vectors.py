@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-
 import pytest
+from _vectors import VECTORS
 
 from apertus_plugins.chat import ChatFormatError, jinja_template, render
 from apertus_plugins.tokenizer_builder import build_test_tokenizer
-
-VECTORS_PATH = Path(os.environ.get("APERTUS_SHARED", Path(__file__).resolve().parents[3] / "shared")) / "vectors" / "chat_render.json"
-VECTORS = json.loads(VECTORS_PATH.read_text(encoding="utf-8"))
 
 
 def test_the_vectors_are_there():
