@@ -8,7 +8,8 @@ samples costs ceil(n / 600) codes. The sequence of a clip is ``<|audio_start|>``
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,8 @@ import numpy as np
 from ..vocab import VocabSpec
 
 __all__ = [
-    "SAMPLE_RATE", "HOP", "TARGET_PEAK_DBFS", "AudioError", "load_audio", "preprocess_audio", "audio_code_count",
+    "SAMPLE_RATE", "HOP", "TARGET_PEAK_DBFS", "AudioError", "AudioPolicy", "AUDIO_POLICIES", "RESAMPLERS",
+    "load_audio", "peak_normalize", "preprocess_audio", "audio_code_count", "audio_only_sequence",
     "audio_sequence", "audio_placeholder_sequence", "transcription_sequence", "interleaved_sequences",
 ]
 
@@ -31,31 +33,109 @@ class AudioError(ValueError):
     """Audio that cannot be turned into a token sequence; the message names it."""
 
 
-def load_audio(source: str | Path | bytes) -> tuple[np.ndarray, int]:
-    """Decode a file (or bytes) to float32 ``[channels, samples]`` and its sample rate."""
+def load_audio(source: str | Path | bytes, always_2d: bool = True) -> tuple[np.ndarray, int]:
+    """Decode a file (or its bytes) with soundfile.
+
+    Returns:
+        ``(waveform, sample_rate)``: float32 ``[channels, samples]`` (``[samples]`` for a mono file
+        when ``always_2d`` is False).
+
+    Raises:
+        FileNotFoundError: no such file. AudioError: not audio, a format libsndfile cannot read, or
+        no samples; the message names the file.
+    """
     import soundfile as sf
 
-    name = "<bytes>" if isinstance(source, (bytes, bytearray)) else str(source)
-    if not isinstance(source, (bytes, bytearray)) and not Path(source).is_file():
+    is_bytes = isinstance(source, (bytes, bytearray, memoryview))
+    name = f"<{len(source)} bytes>" if is_bytes else str(source)
+    if not is_bytes and not Path(source).is_file():
         raise FileNotFoundError(f"{name}: no such audio file")
+    if (len(source) if is_bytes else Path(source).stat().st_size) == 0:
+        raise AudioError(f"{name}: the file is empty (zero bytes)")
     try:
-        data, rate = sf.read(io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else str(source),
-                             dtype="float32", always_2d=True)
+        data, rate = sf.read(io.BytesIO(bytes(source)) if is_bytes else str(source), dtype="float32", always_2d=True)
     except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
-        raise AudioError(f"{name}: not a readable audio file ({exc})") from exc
+        raise AudioError(f"{name}: not a readable audio file or an unsupported format ({exc})") from exc
     if data.shape[0] == 0:
         raise AudioError(f"{name}: the audio has no samples")
-    return np.ascontiguousarray(data.T), int(rate)
+    wave = np.ascontiguousarray(data.T)
+    if not always_2d and wave.shape[0] == 1:
+        wave = wave[0]
+    return wave, int(rate)
 
 
-def preprocess_audio(waveform: Any, sample_rate: int) -> np.ndarray:
-    """Downmix to mono, resample to 24 kHz (polyphase, exact ratio), peak-normalize to -3 dBFS.
+def _resample_poly(x: np.ndarray, rate: int) -> np.ndarray:
+    from scipy.signal import resample_poly
 
-    ``waveform`` is ``[samples]`` or ``[channels, samples]``. The normalization is the released
-    feature extractor's: ``x * (10 ** (-3 / 20) / max(max|x|, 1e-10))``.
+    ratio = Fraction(SAMPLE_RATE, rate)  # reduced up/down
+    return resample_poly(x, ratio.numerator, ratio.denominator).astype(np.float32)
+
+
+def _resample_fft(x: np.ndarray, rate: int) -> np.ndarray:
+    from scipy.signal import resample
+
+    n = int(round(x.size * SAMPLE_RATE / rate))
+    return resample(x, max(n, 1)).astype(np.float32)
+
+
+#: Resampling methods by name: ``(mono float32, sample_rate) -> float32 at 24 kHz``.
+RESAMPLERS: dict[str, Callable[[np.ndarray, int], np.ndarray]] = {
+    "poly": _resample_poly,
+    "fft": _resample_fft,
+}
+
+
+@dataclass(frozen=True)
+class AudioPolicy:
+    """Audio preprocessing settings: the resampler, the downmix and the peak level (``None``: no normalization)."""
+
+    name: str
+    resampler: str = "poly"
+    downmix: str = "mean"
+    target_peak_dbfs: float | None = TARGET_PEAK_DBFS
+
+
+#: Named audio policies. ``released``: mean downmix, polyphase resampling with the reduced ratio,
+#: peak-normalized to -3 dBFS exactly as ``WavTokenizerFeatureExtractor(normalize_audio=True)``.
+AUDIO_POLICIES: dict[str, AudioPolicy] = {
+    "released": AudioPolicy("released"),
+    "fft": AudioPolicy("fft", resampler="fft"),
+    "raw": AudioPolicy("raw", target_peak_dbfs=None),
+}
+
+
+def _audio_policy(policy: str | AudioPolicy) -> AudioPolicy:
+    if isinstance(policy, AudioPolicy):
+        return policy
+    try:
+        return AUDIO_POLICIES[policy]
+    except KeyError:
+        raise ValueError(f"unknown audio policy {policy!r}; policies are {', '.join(AUDIO_POLICIES)}") from None
+
+
+def peak_normalize(x: np.ndarray, target_dbfs: float = TARGET_PEAK_DBFS) -> np.ndarray:
+    """``x * (10 ** (target / 20) / max(max|x|, 1e-10))``, the factor in float64 applied in float32.
+
+    The operation order of the released feature extractor, so the result is identical.
     """
+    x = np.asarray(x, dtype=np.float32)
+    target = 10.0 ** (target_dbfs / 20.0)
+    return x * (target / max(float(np.abs(x).max()), 1e-10))
+
+
+def preprocess_audio(waveform: Any, sample_rate: int, policy: str | AudioPolicy = "released") -> np.ndarray:
+    """Downmix to mono, resample to 24 kHz and peak-normalize: float32 ``[samples]`` at 24 kHz.
+
+    Args:
+        waveform: ``[samples]`` or ``[channels, samples]`` (as :func:`load_audio` returns it).
+        sample_rate: its rate in Hz.
+        policy: a name in :data:`AUDIO_POLICIES` or an :class:`AudioPolicy`.
+    """
+    p = _audio_policy(policy)
     x = np.asarray(waveform, dtype=np.float32)
     if x.ndim == 2:
+        if p.downmix != "mean":
+            raise ValueError(f"unknown downmix {p.downmix!r}; the only downmix is 'mean'")
         x = x.mean(axis=0, dtype=np.float32)
     elif x.ndim != 1:
         raise AudioError(f"audio must be [samples] or [channels, samples], got shape {x.shape}")
@@ -64,12 +144,14 @@ def preprocess_audio(waveform: Any, sample_rate: int) -> np.ndarray:
     if sample_rate <= 0:
         raise AudioError(f"invalid sample rate {sample_rate}")
     if sample_rate != SAMPLE_RATE:
-        from scipy.signal import resample_poly
-
-        ratio = Fraction(SAMPLE_RATE, sample_rate)
-        x = resample_poly(x, ratio.numerator, ratio.denominator).astype(np.float32)
-    target = 10.0 ** (TARGET_PEAK_DBFS / 20.0)
-    return (x * (target / max(float(np.abs(x).max()), 1e-10))).astype(np.float32)
+        try:
+            resample = RESAMPLERS[p.resampler]
+        except KeyError:
+            raise ValueError(f"unknown resampler {p.resampler!r}; resamplers are {', '.join(RESAMPLERS)}") from None
+        x = resample(x, int(sample_rate))
+    if p.target_peak_dbfs is not None:
+        x = peak_normalize(x, p.target_peak_dbfs)
+    return np.ascontiguousarray(x, dtype=np.float32)
 
 
 def audio_code_count(num_samples: int) -> int:
@@ -89,7 +171,14 @@ def audio_placeholder_sequence(num_codes: int, spec: VocabSpec) -> np.ndarray:
                       dtype=np.int64)
 
 
+def audio_only_sequence(codes: Any, spec: VocabSpec) -> np.ndarray:
+    """The audio-only training mode (unpaired audio, stage 1): just the audio segment."""
+    return audio_sequence(codes, spec)
+
+
+#: The paired modes: name -> the task marker that follows the audio (SPEC.md 2.2).
 _TASKS = {"transcribe": "stt_transcribe", "translate": "stt_translate", "annotate": "audio_annotate"}
+AUDIO_TASKS = dict(_TASKS)
 
 
 def transcription_sequence(codes: Any, text_ids: Sequence[int], spec: VocabSpec, task: str = "transcribe") -> np.ndarray:

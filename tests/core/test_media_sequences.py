@@ -112,7 +112,7 @@ def test_audio_preprocessing():
 def test_audio_file_errors(tmp_path):
     empty = tmp_path / "empty.wav"
     empty.write_bytes(b"")
-    with pytest.raises(audio.AudioError, match="empty.wav: not a readable audio file"):
+    with pytest.raises(audio.AudioError, match="empty.wav: the file is empty"):
         audio.load_audio(empty)
     text = tmp_path / "notes.wav"
     text.write_text("not audio at all")
