@@ -5,22 +5,29 @@
     python3 tools/dev.py test     # build every suite's environment and run every suite
     python3 tools/dev.py test core reference   # only some suites
     python3 tools/dev.py env SUITE             # build one environment and print its path
+    python3 tools/dev.py run SUITE CMD...      # run a command in a suite's environment
 
 Each suite lives in ``tests/<suite>/`` with a ``requirements.txt``. Its virtual environment is
 kept outside the clone, in ``$APERTUS_VENV_CACHE`` (default ``~/.cache/apertus-plugins/venvs``),
 under a name keyed by a hash of the requirements, so a fresh clone reuses environments that are
-already built and a changed requirements file gets a new one. The package itself is installed
-into the environment from this checkout (editable, no dependencies) on every run.
+already built and a changed requirements file gets a new one. The package's metadata (console
+scripts, entry points) is installed into the environment from this checkout (editable, no
+dependencies) when it changes; the code under test is this checkout's, through ``PYTHONPATH``.
+A suite that also uses another suite's environment (a test that starts a vLLM server) names it
+in ``tests/<suite>/needs.txt``; its interpreter is passed as ``APERTUS_PYTHON_<SUITE>``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -57,36 +64,87 @@ def env_key(suite: str) -> str:
     return f"{suite}-{h.hexdigest()[:16]}"
 
 
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on ``path`` (several checkouts may share one environment cache)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def needed_suites(suite: str) -> list[str]:
+    """Suites whose environments this suite's tests also use (``tests/<suite>/needs.txt``)."""
+    needs = TESTS / suite / "needs.txt"
+    if not needs.is_file():
+        return []
+    names = [ln.split("#")[0].strip() for ln in needs.read_text().splitlines()]
+    return [n for n in names if n]
+
+
 def build_env(suite: str) -> Path:
-    """Create (or reuse) the suite's environment and install this checkout into it."""
+    """Create (or reuse) the suite's environment and install this checkout's metadata into it.
+
+    The checkout is installed editable without dependencies, which registers the console scripts
+    and entry points; the tests import the code of the checkout that runs them through
+    ``PYTHONPATH`` (see :func:`suite_env`), so several checkouts can share one cached environment.
+    """
     req = TESTS / suite / "requirements.txt"
     if not req.is_file():
         raise SystemExit(f"suite {suite!r} has no {req.relative_to(ROOT)}")
     venv = CACHE / env_key(suite)
     py = venv / "bin" / "python"
     done = venv / ".complete"
-    if not done.is_file():
-        if venv.exists():
-            log(f"{suite}: removing an unfinished environment {venv}")
-            shutil.rmtree(venv)
-        CACHE.mkdir(parents=True, exist_ok=True)
-        log(f"{suite}: creating {venv} (first run; later runs reuse it)")
-        t0 = time.time()
-        subprocess.run([suite_python(suite), "-m", "venv", str(venv)], check=True)
-        pip = [str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-        subprocess.run(pip + ["-r", str(req)], check=True)
-        extra = TESTS / suite / "setup_env.sh"
-        if extra.is_file():
-            subprocess.run(["bash", str(extra), str(py)], check=True)
-        # written last: an interrupted build is detected and redone on the next run
-        done.write_text(time.strftime("%Y-%m-%d %H:%M:%S\n"))
-        log(f"{suite}: environment ready in {time.time() - t0:.0f}s")
-    subprocess.run(
-        [str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-deps",
-         "--no-build-isolation", "-e", str(ROOT)],
-        check=True,
-    )
+    with _locked(CACHE / f".{venv.name}.lock"):
+        if not done.is_file():
+            if venv.exists():
+                log(f"{suite}: removing an unfinished environment {venv}")
+                shutil.rmtree(venv)
+            CACHE.mkdir(parents=True, exist_ok=True)
+            log(f"{suite}: creating {venv} (first run; later runs reuse it)")
+            t0 = time.time()
+            subprocess.run([suite_python(suite), "-m", "venv", str(venv)], check=True)
+            pip = [str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+            subprocess.run(pip + ["-r", str(req)], check=True)
+            extra = TESTS / suite / "setup_env.sh"
+            if extra.is_file():
+                subprocess.run(["bash", str(extra), str(py)], check=True)
+            # written last: an interrupted build is detected and redone on the next run
+            done.write_text(time.strftime("%Y-%m-%d %H:%M:%S\n"))
+            log(f"{suite}: environment ready in {time.time() - t0:.0f}s")
+        stamp = venv / ".installed-from"
+        want = f"{ROOT}\n{hashlib.sha256((ROOT / 'pyproject.toml').read_bytes()).hexdigest()}\n"
+        if not stamp.is_file() or stamp.read_text() != want:
+            subprocess.run(
+                [str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-deps",
+                 "--no-build-isolation", "-e", str(ROOT)],
+                check=True,
+            )
+            stamp.write_text(want)
     return venv
+
+
+def suite_env(suite: str, venv: Path) -> dict[str, str]:
+    """The environment a suite's processes run with.
+
+    ``PYTHONPATH`` puts this checkout first; ``APERTUS_PYTHON_<SUITE>`` names the interpreter of
+    each environment the suite needs (``tests/<suite>/needs.txt``), for tests that start a
+    process in another environment (a vLLM server, the reference port); ``APERTUS_EXCHANGE`` is a
+    folder shared by the suites of one run.
+    """
+    env = dict(os.environ, APERTUS_SUITE=suite, PYTHONDONTWRITEBYTECODE="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env["PATH"] = os.pathsep.join([str(venv / "bin"), os.environ.get("PATH", "")])
+    env["VIRTUAL_ENV"] = str(venv)
+    env.setdefault("APERTUS_EXCHANGE", str(Path(tempfile.gettempdir()) / f"apertus-exchange-{os.getpid()}"))
+    Path(env["APERTUS_EXCHANGE"]).mkdir(parents=True, exist_ok=True)
+    env[f"APERTUS_PYTHON_{suite.upper()}"] = str(venv / "bin" / "python")
+    for other in needed_suites(suite):
+        env[f"APERTUS_PYTHON_{other.upper()}"] = str(build_env(other) / "bin" / "python")
+    return env
 
 
 SUMMARY = re.compile(r"=+ (.*) in [\d.]+s")
@@ -98,9 +156,10 @@ def run_suite(suite: str) -> tuple[str, int, int, int, int]:
     tests = sorted(p for p in (TESTS / suite).rglob("test_*.py"))
     if not tests:
         log(f"{suite}: no tests yet (environment builds and imports)")
-        check = subprocess.run([str(venv / "bin" / "python"), "-c", "import apertus_plugins"])
+        check = subprocess.run([str(venv / "bin" / "python"), "-c", "import apertus_plugins"],
+                               env=suite_env(suite, venv))
         return suite, check.returncode, 0, 0, 0
-    env = dict(os.environ, APERTUS_SUITE=suite, PYTHONDONTWRITEBYTECODE="1")
+    env = suite_env(suite, venv)
     cmd = [str(venv / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider", str(TESTS / suite)]
     log(f"{suite}: {' '.join(cmd[2:])}")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -145,7 +204,18 @@ def cmd_test(suites: list[str]) -> int:
 
 def cmd_demo(args: list[str]) -> int:
     venv = build_env("core")
-    return subprocess.call([str(venv / "bin" / "apertus"), "demo", *args])
+    return subprocess.call([str(venv / "bin" / "apertus"), "demo", *args], env=suite_env("core", venv))
+
+
+def cmd_run(args: list[str]) -> int:
+    """``run SUITE COMMAND...``: a command inside a suite's environment (benchmarks, one test file)."""
+    if len(args) < 2:
+        raise SystemExit("usage: dev.py run SUITE COMMAND [ARGS...]")
+    suite, cmd = args[0], args[1:]
+    if suite not in SUITES:
+        raise SystemExit(f"unknown suite {suite!r}; suites are {', '.join(SUITES)}")
+    venv = build_env(suite)
+    return subprocess.call(cmd, env=suite_env(suite, venv), cwd=ROOT)
 
 
 def main(argv: list[str]) -> int:
@@ -160,6 +230,8 @@ def main(argv: list[str]) -> int:
     if cmd == "env":
         print(build_env(rest[0]))
         return 0
+    if cmd == "run":
+        return cmd_run(rest)
     raise SystemExit(f"unknown command {cmd!r}; see --help")
 
 
