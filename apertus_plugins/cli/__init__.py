@@ -1,20 +1,27 @@
 """The ``apertus`` command. Each subcommand lives in a module of this package with
-``add_parser(subparsers)`` that registers it and sets ``func`` on its parser."""
+``add_parser(subparsers)`` that registers it and sets ``func`` on its parser; a new module is
+picked up by itself (listed after the ones named in :data:`COMMANDS`, alphabetically)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import pkgutil
 import sys
 
-#: Subcommand modules, in the order ``apertus --help`` lists them.
-COMMANDS = ["render", "vocab", "make_tokenizer", "demo", "inspect", "manifest"]
+#: Subcommand modules listed first, in this order, by ``apertus --help``.
+COMMANDS = ["demo", "render", "vocab", "make_tokenizer", "inspect", "manifest"]
+
+
+def _command_modules() -> list[str]:
+    found = sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+    return [n for n in COMMANDS if n in found] + [n for n in found if n not in COMMANDS]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="apertus", description="Apertus 1.5 tools (apertus-plugins)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
+    for name in _command_modules():
         try:
             mod = importlib.import_module(f"{__name__}.{name}")
         except ModuleNotFoundError as exc:
