@@ -10,14 +10,15 @@ unchanged; this class adds the tokenizers, embeds their codes with the decoder's
 ``SupportsMultiModal`` path through :meth:`get_language_model`).
 
 Debugging: with ``APERTUS_VLLM_CODES_LOG=FILE`` in the server's environment, every item that
-:meth:`embed_multimodal` embeds appends one JSON line ``{"modality", "shape", "codes"}`` to FILE
-(codebook indices, without the vocabulary offset).
+:meth:`embed_multimodal` embeds appends one JSON line ``{"modality", "shape", "seconds", "codes"}`` to FILE
+(codebook indices without the vocabulary offset; the encoder time of the item's batch, shared).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterable
 
 import torch
@@ -113,25 +114,28 @@ class Apertus1p5ForConditionalGeneration(nn.Module, SupportsMultiModal, Supports
         return self.language_model
 
     # ------------------------------------------------------------------ media
-    def _log_codes(self, modality: str, codes: list[torch.Tensor]) -> None:
+    def _log_codes(self, modality: str, codes: list[torch.Tensor], seconds: list[float]) -> None:
         path = os.environ.get(CODES_LOG_ENV)
         if not path:
             return
         with open(path, "a", encoding="utf-8") as fh:
-            for c in codes:
-                fh.write(json.dumps({"modality": modality, "shape": list(c.shape),
+            for c, sec in zip(codes, seconds, strict=True):
+                fh.write(json.dumps({"modality": modality, "shape": list(c.shape), "seconds": sec,
                                      "codes": c.flatten().tolist()}) + "\n")
 
     def _encode(self, modality: str, items: list[torch.Tensor]) -> list[torch.Tensor]:
         """Codebook indices per item: items of identical shape share one batch, none is padded."""
         tokenizer = self.vision_tokenizer if modality == "image" else self.audio_tokenizer
         codes: list[torch.Tensor | None] = [None] * len(items)
+        seconds = [0.0] * len(items)
         for batch in group_by_shape(items):
+            start = time.perf_counter()
             stacked = torch.stack([items[i] for i in batch]).to(device=tokenizer.device, dtype=torch.float32)
             out = tokenizer.encode(stacked)
             for j, i in enumerate(batch):
                 codes[i] = out[j]
-        self._log_codes(modality, codes)  # type: ignore[arg-type]
+                seconds[i] = (time.perf_counter() - start) / len(batch)
+        self._log_codes(modality, codes, seconds)  # type: ignore[arg-type]
         return codes  # type: ignore[return-value]
 
     def _embed_codes(self, codes: list[torch.Tensor], offset: int) -> list[torch.Tensor]:

@@ -79,6 +79,8 @@ class ApertusReasoningParser(ReasoningParser):
         self.end_id = _token_id(tokenizer, "inner_suffix")
         self.call_id = _token_id(tokenizer, "tools_prefix")
         self.turn_start_id = _token_id(tokenizer, "assistant_start")
+        self._cache_ids: list[int] = []
+        self._cache_text = ""
 
     @property
     def reasoning_start_str(self) -> str:
@@ -88,34 +90,36 @@ class ApertusReasoningParser(ReasoningParser):
     def reasoning_end_str(self) -> str:
         return THINK_CLOSE[0]
 
-    def _generated(self, input_ids: Sequence[int]) -> Sequence[int]:
-        ids = list(input_ids)
+    def _generated_text(self, input_ids: Sequence[int]) -> str:
+        """The text generated after the last ``<|assistant_start|>`` (all of ``input_ids`` without one)."""
+        ids = [int(i) for i in input_ids]
         for k in range(len(ids) - 1, -1, -1):
             if ids[k] == self.turn_start_id:
-                return ids[k + 1:]
-        return ids
+                ids = ids[k + 1:]
+                break
+        n = len(self._cache_ids)
+        if n and len(ids) >= n and ids[:n] == self._cache_ids:
+            text = self._cache_text + self.model_tokenizer.decode(ids[n:], skip_special_tokens=False)
+        else:
+            text = self.model_tokenizer.decode(ids, skip_special_tokens=False)
+        self._cache_ids, self._cache_text = ids, text
+        return text
 
     def is_reasoning_end(self, input_ids: Sequence[int]) -> bool:
-        out = self._generated(input_ids)
-        if not out:
-            return False  # the answer has not begun: thinking may still open it
-        if out[0] != self.start_id:
-            return True  # no thinking span
-        return self.end_id in out[1:] or self.call_id in out[1:]
+        """Whether the reasoning is over: no thinking span opens the answer, or it closed, or a call began in it."""
+        return self._split(self._generated_text(input_ids), final=False)[1] is not None
 
     def is_reasoning_end_streaming(self, input_ids: Sequence[int], delta_ids: Any) -> bool:
         return self.is_reasoning_end(input_ids)
 
     def extract_content_ids(self, input_ids: list[int]) -> list[int]:
         ids = list(input_ids)
-        if ids and ids[0] == self.start_id:
-            ids = ids[1:]
         for k, tid in enumerate(ids):
             if tid == self.end_id:
                 return ids[k + 1:]
             if tid == self.call_id:
                 return ids[k:]
-        return ids if not (input_ids and input_ids[0] == self.start_id) else []
+        return [] if ids and ids[0] == self.start_id else ids
 
     def count_reasoning_tokens(self, token_ids: Sequence[int]) -> int:
         ids = list(token_ids)
@@ -146,25 +150,21 @@ class ApertusReasoningParser(ReasoningParser):
         parsed = parse_output(model_output)
         if parsed.thinking is None:
             return None, model_output
-        thinking_calls = [c for c in parsed.tool_calls if c.in_thinking]
         reasoning, after = self._split(model_output, final=True)
+        thinking_calls = [c for c in parsed.tool_calls if c.in_thinking]
         if not thinking_calls:
             return reasoning, after or None
-        # calls inside the thinking span: the thinking text without them, the calls for the tool parser
-        closed = any(parsed_close in model_output for parsed_close in THINK_CLOSE)
-        tail = ""
-        if closed:
-            tail = model_output[min(model_output.find(c) + len(c) for c in THINK_CLOSE if c in model_output):]
+        # calls inside the thinking span: the thinking text without them; the calls, then what follows
+        # the span, for the tool parser
+        closes = [model_output.find(c) + len(c) for c in THINK_CLOSE if c in model_output]
+        tail = model_output[min(closes):] if closes else ""
         return parsed.thinking, render_calls(thinking_calls) + tail
 
     def extract_reasoning_streaming(self, previous_text: str, current_text: str, delta_text: str,
                                     previous_token_ids: Sequence[int], current_token_ids: Sequence[int],
                                     delta_token_ids: Sequence[int]) -> DeltaMessage | None:
-        if current_token_ids and current_token_ids[0] != self.start_id:
-            return DeltaMessage(content=delta_text) if delta_text else None
-        ended = self.is_reasoning_end(current_token_ids)
         before, _ = self._split(previous_text, final=False)
-        now, content = self._split(current_text, final=ended)
+        now, content = self._split(current_text, final=False)
         reasoning = (now or "")[len(before or ""):] or None
         if reasoning is None and not content:
             return None
