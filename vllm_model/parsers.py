@@ -228,7 +228,8 @@ class ApertusToolParser(ToolParser):
                                             exclude_none=True)))
             self.prev_tool_call_arr.append({"name": call.name, "arguments": call.arguments})
             self.streamed_args_for_tool.append(args)
-        self._sent_calls = len(parsed.tool_calls)
+        # a call may stop parsing for a moment (a delimiter arriving in pieces): never send one twice
+        self._sent_calls = max(self._sent_calls, len(parsed.tool_calls))
         if not deltas and not new_content:
             return None
         return DeltaMessage(content=new_content or None, tool_calls=deltas)

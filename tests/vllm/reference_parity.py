@@ -4,10 +4,11 @@ Run with the ``reference`` environment's python (transformers 5.24)::
 
     python reference_parity.py REQUEST.json EXPECTED.json
 
-REQUEST names the checkpoint, the prompt ids the vLLM server ran, an image file and a 24 kHz clip
-(``.npy``), and the number of tokens. This script preprocesses the image with the port's own
-image processor, encodes both media with the port's tokenizers, decodes greedily in float32 and
-writes the tokens, their log-probabilities and the media codes (without vocabulary offsets).
+REQUEST names the checkpoint, the prompt ids the vLLM server ran, the tokens it generated, an
+image file and a 24 kHz clip (``.npy``). This script preprocesses the image with the port's own
+image processor, encodes both media with the port's tokenizers, and runs the port in float32 over
+vLLM's tokens: per step its greedy token, its log-probability of vLLM's token and its top-2
+margin; and the media codes (without vocabulary offsets).
 """
 
 from __future__ import annotations
@@ -38,17 +39,20 @@ def main(request_path: str, out_path: str) -> None:
                        for t in model.model.get_image_tokens(inputs["pixel_values"], inputs["image_sizes"])]
         audio_codes = [(t - cfg.audio_token_offset).tolist()
                        for t in model.model.get_audio_tokens(inputs["input_values"], inputs["padding_mask"])]
+        # teacher-forced on the tokens vLLM generated: at every step the port's own greedy choice, the
+        # log-probability it gives vLLM's token, and its top-2 margin (a near-tie may pick either)
         ids = torch.tensor([req["prompt_ids"]])
-        tokens, logprobs = [], []
-        for _ in range(req["max_tokens"]):
+        tokens, logprobs, margins = [], [], []
+        for forced in req["tokens"]:
             logits = model(input_ids=ids, **inputs).logits[0, -1].float()
             lp = torch.log_softmax(logits, dim=-1)
-            nxt = int(torch.argmax(lp))
-            tokens.append(nxt)
-            logprobs.append(float(lp[nxt]))
-            ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
+            top = torch.topk(lp, 2)
+            tokens.append(int(top.indices[0]))
+            margins.append(float(top.values[0] - top.values[1]))
+            logprobs.append(float(lp[forced]))
+            ids = torch.cat([ids, torch.tensor([[forced]])], dim=1)
     with open(out_path, "w") as fh:
-        json.dump({"tokens": tokens, "logprobs": logprobs, "image_codes": image_codes, "audio_codes": audio_codes,
+        json.dump({"tokens": tokens, "logprobs": logprobs, "margins": margins, "image_codes": image_codes, "audio_codes": audio_codes,
                    "head_rows": int(model.lm_head.out_features)}, fh)
 
 

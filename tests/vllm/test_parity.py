@@ -44,7 +44,7 @@ def test_greedy_tokens_logprobs_and_codes_match_the_port(server, checkpoint, cod
     wave, rate = media_audio.load_audio(DATA / "demo.wav")
     np.save(exchange / "clip24k.npy", media_audio.preprocess_audio(wave, rate))
     request = {"checkpoint": str(checkpoint), "prompt_ids": body["prompt_token_ids"], "image": str(DATA / "demo.png"),
-               "audio": str(exchange / "clip24k.npy"), "max_tokens": MAX_TOKENS}
+               "audio": str(exchange / "clip24k.npy"), "tokens": got_tokens}
     (exchange / "request.json").write_text(json.dumps(request))
     script = Path(__file__).with_name("reference_parity.py")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -55,6 +55,8 @@ def test_greedy_tokens_logprobs_and_codes_match_the_port(server, checkpoint, cod
 
     assert [c["codes"] for c in embedded if c["modality"] == "image"] == want["image_codes"]
     assert [c["codes"] for c in embedded if c["modality"] == "audio"] == want["audio_codes"]
-    assert got_tokens == want["tokens"]
+    # greedy agreement: the port picks vLLM's token at every step (or stands at a near-tie, margin < 1e-3)
+    for step, (mine, theirs, margin) in enumerate(zip(got_tokens, want["tokens"], want["margins"], strict=True)):
+        assert mine == theirs or margin < 1e-3, f"step {step}: vLLM {mine}, port {theirs} (margin {margin:.2e})"
     diffs = np.abs(np.asarray(got_logprobs) - np.asarray(want["logprobs"]))
     assert diffs.max() <= 1e-3, f"log-probability differences {diffs.tolist()}"
