@@ -49,8 +49,8 @@ def _init_vision(tok: VisionTokenizer, gen: torch.Generator) -> None:
     cfg = tok.config
     # calibrate: latents of a few random smooth images, sampled with replacement, plus noise
     f = cfg.spatial_scale_factor
-    coarse = torch.rand((4, 3, 4, 4), generator=gen) * 2 - 1
-    images = torch.nn.functional.interpolate(coarse, size=(8 * f, 8 * f), mode="bilinear", align_corners=False)
+    coarse = torch.rand((3, 3, 4, 4), generator=gen) * 2 - 1
+    images = torch.nn.functional.interpolate(coarse, size=(6 * f, 6 * f), mode="bilinear", align_corners=False)
     images = (images + 0.2 * torch.randn(images.shape, generator=gen)).clamp_(-1, 1)
     latents = tok.latents(images).permute(0, 2, 3, 1).reshape(-1, cfg.embed_dim)
     pick = torch.randint(0, latents.shape[0], (cfg.codebook_size,), generator=gen)
@@ -73,9 +73,9 @@ def _init_audio(tok: AudioTokenizer, gen: torch.Generator) -> None:
             for p in module.parameters():
                 p.copy_((torch.rand(p.shape, generator=gen) * 2 - 1) * bound)
     cfg = tok.config
-    t = torch.arange(2 * cfg.sampling_rate // 5, dtype=torch.float32) / cfg.sampling_rate
-    freqs = 80 + 2000 * torch.rand((4, 1), generator=gen)
-    wave = 0.4 * torch.sin(2 * math.pi * freqs * t * (1 + t)) + 0.1 * torch.randn((4, t.numel()), generator=gen)
+    t = torch.arange(cfg.sampling_rate // 4, dtype=torch.float32) / cfg.sampling_rate
+    freqs = 80 + 2000 * torch.rand((3, 1), generator=gen)
+    wave = 0.4 * torch.sin(2 * math.pi * freqs * t * (1 + t)) + 0.1 * torch.randn((3, t.numel()), generator=gen)
     latents = tok.latents(wave[:, None]).transpose(1, 2).reshape(-1, cfg.hidden_size)
     pick = torch.randint(0, latents.shape[0], (cfg.codebook_size,), generator=gen)
     spread = latents.std(dim=0, keepdim=True)
