@@ -215,8 +215,12 @@ def _torch_load(f: Path, allow_pickle: bool) -> dict[str, Any]:
 
 
 def _check_and_collect(source: Mapping[str, Any], rename: Callable[[str], str | None],
-                       expected: Mapping[str, torch.Size], f: Path) -> dict[str, torch.Tensor]:
-    """Rename ``source``'s keys into the encoder's names (None: ignored) and check them strictly."""
+                       expected: Mapping[str, torch.Size], f: Path,
+                       original: Callable[[str], str]) -> dict[str, torch.Tensor]:
+    """Rename ``source``'s keys into the encoder's names (None: ignored) and check them strictly.
+
+    ``original`` maps an encoder name back to the file's own name (for messages about missing tensors).
+    """
     out: dict[str, torch.Tensor] = {}
     origin: dict[str, str] = {}
     for key, value in source.items():
@@ -241,7 +245,7 @@ def _check_and_collect(source: Mapping[str, Any], rename: Callable[[str], str | 
     missing = sorted(set(expected) - set(out))
     if missing:
         raise CheckpointError(f"{f}: {len(missing)} encoder tensor(s) missing, e.g. " + ", ".join(
-            repr(m) for m in missing[:5]) + (" ..." if len(missing) > 5 else ""))
+            f"{original(m)!r} (for {m!r})" for m in missing[:5]) + (" ..." if len(missing) > 5 else ""))
     return out
 
 
@@ -256,6 +260,13 @@ def _emu_rename(key: str) -> str | None:
     if m:
         return f"encoder.stages.{m.group(1)}.downsample.{m.group(2)}"
     return key
+
+
+def _emu_original(name: str) -> str:
+    m = re.match(r"encoder\.stages\.(\d+)\.layers\.(\d+)\.(resnet|attention)\.(.+)$", name)
+    if m:
+        return f"encoder.down.{m.group(1)}.{'block' if m.group(3) == 'resnet' else 'attn'}.{m.group(2)}.{m.group(4)}"
+    return re.sub(r"^encoder\.stages\.(\d+)\.downsample\.", r"encoder.down.\1.downsample.", name)
 
 
 def _emu_paths(path: Path) -> tuple[Path, Path]:
@@ -319,6 +330,15 @@ def _wav_rename(key: str) -> str | None:
         m = re.match(r"vq\.layers\.0\._codebook\.(.+)$", rest)
         return "quantizer.codebook." + m.group(1) if m else "quantizer." + rest  # other layers: unexpected
     return None  # backbone., head., feature_extractor.encodec.decoder., discriminators: not the encoder
+
+
+def _wav_original(name: str) -> str:
+    if name.startswith("quantizer.codebook."):
+        return _WAV_VQ + "vq.layers.0._codebook." + name[len("quantizer.codebook."):]
+    rest = name[len("encoder.layers."):]
+    rest = rest.replace(".conv.parametrizations.weight.original0", ".conv.conv.weight_g")
+    rest = rest.replace(".conv.parametrizations.weight.original1", ".conv.conv.weight_v")
+    return _WAV_ENC + re.sub(r"\.conv\.bias$", ".conv.conv.bias", rest)
 
 
 def infer_wavtokenizer_config(state: Mapping[str, Any], f: Path | str = "<state dict>") -> AudioTokenizerConfig:
@@ -424,7 +444,7 @@ def load_vision_tokenizer(path: str | Path, *, format: str = "auto", device: str
         cfg = config or read_emu35_config(p)
         _, ckpt = _emu_paths(p)
         module, expected = _expected(lambda: VisionTokenizer(cfg, precision))
-        state = _check_and_collect(_torch_load(ckpt, allow_pickle), _emu_rename, expected, ckpt)
+        state = _check_and_collect(_torch_load(ckpt, allow_pickle), _emu_rename, expected, ckpt, _emu_original)
     elif fmt == "wavtokenizer":
         raise CheckpointError(f"{p}: a WavTokenizer checkpoint holds no vision tokenizer")
     else:
@@ -454,7 +474,7 @@ def load_audio_tokenizer(path: str | Path, *, format: str = "auto", device: str 
         raw = _torch_load(f, allow_pickle)
         cfg = config or infer_wavtokenizer_config(raw, f)
         module, expected = _expected(lambda: AudioTokenizer(cfg, precision))
-        state = _check_and_collect(raw, _wav_rename, expected, f)
+        state = _check_and_collect(raw, _wav_rename, expected, f, _wav_original)
     elif fmt == "emu3.5":
         raise CheckpointError(f"{p}: an Emu3.5 vision tokenizer holds no audio tokenizer")
     else:
