@@ -126,7 +126,7 @@ def packed_token_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
     """
     s_rows = response_rows(student_prompt_lens + response_lens, student_prompt_lens, response_lens)
     t_rows = response_rows(teacher_prompt_lens + response_lens, teacher_prompt_lens, response_lens)
-    if int(s_rows.max(initial=-1)) >= student_logits.shape[0] or int(t_rows.max(initial=-1)) >= teacher_logits.shape[0]:
+    if len(s_rows) and (int(s_rows.max()) >= student_logits.shape[0] or int(t_rows.max()) >= teacher_logits.shape[0]):
         raise ValueError("logits are shorter than the prompt and response lengths say")
     kl = topk_tail_reverse_kl(student_logits.index_select(0, s_rows),
                               teacher_logits.index_select(0, t_rows.to(teacher_logits.device)), k=k,
