@@ -16,7 +16,7 @@ from typing import Any
 
 from apertus_plugins.plugins import registry
 
-__all__ = ["compute_score", "ApertusRewardManager"]
+__all__ = ["compute_score", "register_reward_manager"]
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,
