@@ -21,7 +21,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from apertus_plugins.evaluation import AUDIO_SAMPLE_RATE, DEFAULT_DECODING, THINKING_DECODING, stop_strings, strip_thinking
+from apertus_plugins.evaluation import (
+    AUDIO_SAMPLE_RATE,
+    DEFAULT_DECODING,
+    THINKING_DECODING,
+    stop_strings,
+    strip_thinking,
+)
 from apertus_plugins.serve import http_json
 
 from . import require

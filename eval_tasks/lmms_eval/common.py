@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from eval_tasks import require
-from eval_tasks.data import local_path, load_split
+from eval_tasks.data import load_split, local_path
 
 require("lmms_eval")
 

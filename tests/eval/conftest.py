@@ -23,6 +23,8 @@ from _fixtures import write_text_fixtures  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVED_NAME = "apertus-tiny"
+#: the tiny vocabulary is 1,032 ids: asking for all of them puts the digits among the alternatives
+JUDGE_TOP_LOGPROBS = 1032
 #: how the tiny checkpoint is written: (interpreter env var, script arguments before OUT_DIR)
 MODEL_WRITER = ("APERTUS_PYTHON_VLLM", [str(Path(__file__).parent / "_tiny_llama.py")])
 
@@ -47,7 +49,9 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
     log = tmp_path_factory.mktemp("vllm-log") / "server.log"
-    server = VLLMServer(tiny_model_dir, args=[*CPU_ARGS, "--served-model-name", SERVED_NAME],
+    # the model also serves as the charter-alignment judge: all its logprobs may be asked for
+    server = VLLMServer(tiny_model_dir, args=[*CPU_ARGS, "--served-model-name", SERVED_NAME,
+                                             "--max-logprobs", str(JUDGE_TOP_LOGPROBS)],
                         python=vllm_python(), log_path=log)
     server.start()
     try:
@@ -70,7 +74,7 @@ def eval_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def data_env(eval_data: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Point the tasks at the local fixtures (and nowhere else) for one test."""
-    for key in [k for k in os.environ if k.startswith("APERTUS_EVAL_DATA")]:
+    for key in [k for k in os.environ if k.startswith("APERTUS_EVAL_")]:
         monkeypatch.delenv(key)
     monkeypatch.setenv("APERTUS_EVAL_DATA", str(eval_data))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

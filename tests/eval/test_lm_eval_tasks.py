@@ -12,24 +12,25 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import JUDGE_TOP_LOGPROBS, SERVED_NAME
 
 from apertus_plugins.cli.eval_path import include_path
 from apertus_plugins.evaluation import DEFAULT_DECODING, THINKING_DECODING, stop_strings
 from apertus_plugins.serve import VLLMServer, http_json
 
-from conftest import SERVED_NAME
-
 LM_EVAL = include_path("lm_eval")
 
 TASKS = ["apertus_mmlu_chat", "apertus_arc_challenge_chat", "apertus_gsm8k_chat", "apertus_math500_chat",
          "apertus_ifeval_chat", "apertus_switzerland_qa", "apertus_or_bench_hard", "apertus_bfcl_v3_simple",
-         "apertus_bfcl_v3_parallel", "apertus_bfcl_v3_irrelevance", "apertus_mmlu_chat_think"]
+         "apertus_bfcl_v3_parallel", "apertus_bfcl_v3_irrelevance", "apertus_mmlu_chat_think",
+         "apertus_charter_alignment"]
 METRICS = {
     "apertus_mmlu_chat": "exact_match", "apertus_arc_challenge_chat": "exact_match",
     "apertus_gsm8k_chat": "exact_match", "apertus_math500_chat": "math_verify",
     "apertus_ifeval_chat": "prompt_level_loose_acc", "apertus_switzerland_qa_de": "exact_match",
     "apertus_or_bench_hard": "refusal_rate", "apertus_bfcl_v3_simple": "acc", "apertus_bfcl_v3_parallel": "acc",
     "apertus_bfcl_v3_irrelevance": "acc", "apertus_mmlu_chat_think": "exact_match",
+    "apertus_charter_alignment": "charter_score",
 }
 
 
@@ -85,16 +86,23 @@ def _chat(logged: str | list) -> list[dict]:
     return json.loads(logged[0] if isinstance(logged, list) else logged)
 
 
+def _judge_env(server_url: str, data: Path) -> dict[str, str]:
+    return {"APERTUS_EVAL_JUDGE_URL": server_url, "APERTUS_EVAL_JUDGE_MODEL": SERVED_NAME,
+            "APERTUS_EVAL_CHARTER": str(data / "charter.md"), "APERTUS_EVAL_JUDGE_TOP_LOGPROBS": str(JUDGE_TOP_LOGPROBS)}
+
+
 def test_lm_eval_runs_every_task_end_to_end(vllm_server: VLLMServer, data_env: Path, tmp_path: Path) -> None:
-    proc = _run_lm_eval(vllm_server, TASKS, tmp_path / "out", dict(os.environ))
+    # the served model is also the charter-alignment judge
+    env = {**os.environ, **_judge_env(vllm_server.base_url, data_env)}
+    proc = _run_lm_eval(vllm_server, TASKS, tmp_path / "out", env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     results_files = glob.glob(str(tmp_path / "out" / "**" / "results_*.json"), recursive=True)
     assert len(results_files) == 1
     results = json.loads(Path(results_files[0]).read_text())["results"]
     for task, metric in METRICS.items():
         assert f"{metric},none" in results[task], (task, results[task])
-        assert f"degenerate,none" in results[task]
-        assert 0.0 <= results[task][f"{metric},none"] <= 1.0
+        assert "degenerate,none" in results[task]
+        assert 0.0 <= results[task][f"{metric},none"] <= (9.0 if metric == "charter_score" else 1.0)
     for lang in ("en", "de", "fr", "it", "rm"):
         assert f"apertus_switzerland_qa_{lang}" in results
     samples = {Path(f).name.split("_20")[0]: [json.loads(x) for x in Path(f).read_text().splitlines()]
@@ -172,3 +180,20 @@ def test_the_fewshot_prompt_of_a_local_task(data_env: Path) -> None:
     docs = list(task.test_docs())
     assert [task.doc_to_target(d) for d in docs] == ["B", "A"]  # numeric labels map to letters
     assert "(B) carbon dioxide" in task.doc_to_text(docs[0])
+
+
+def test_an_unreachable_judge_names_the_task_and_the_setting(data_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lm_eval.tasks import TaskManager
+
+    from apertus_plugins.serve import free_port
+
+    tm = TaskManager(include_path=str(LM_EVAL), include_defaults=False)
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    for key, value in _judge_env(url, data_env).items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(RuntimeError, match=r"task apertus_charter_alignment: the judge given by "
+                                           r"APERTUS_EVAL_JUDGE_URL=http://127.0.0.1:\d+/v1 .*unreachable"):
+        tm.load_task_or_group(["apertus_charter_alignment"])
+    monkeypatch.delenv("APERTUS_EVAL_JUDGE_URL")
+    with pytest.raises(RuntimeError, match=r"task apertus_charter_alignment: no judge; set APERTUS_EVAL_JUDGE_URL"):
+        tm.load_task_or_group(["apertus_charter_alignment"])
