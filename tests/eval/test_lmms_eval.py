@@ -201,4 +201,5 @@ def test_lmms_eval_runs_a_task_end_to_end(vllm_server: VLLMServer, data_env: Pat
     assert "relaxed_overall,none" in results and 0.0 <= results["relaxed_overall,none"] <= 1.0
     samples = glob.glob(str(tmp_path / "out" / "**" / "*apertus_test_chartqa_text*.jsonl"), recursive=True)
     rows = [json.loads(x) for x in Path(samples[0]).read_text().splitlines()]
-    assert len(rows) == 2 and all(isinstance(r["resps"][0][0], str) for r in rows)
+    assert len(rows) == 2 and all(isinstance(r["filtered_resps"], str) for r in rows)
+    assert rows[0]["input"] == "What is the highest bar?\nAnswer the question with a single word."
