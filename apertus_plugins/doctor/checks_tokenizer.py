@@ -131,7 +131,8 @@ def omnimodal_config(ctx: Context) -> tuple[str, str]:
     try:
         spec = VocabSpec.from_tokenizer_dir(ck.path)
     except VocabError as exc:
-        return FAIL, str(exc).replace(str(ck.path) + "/", "")
+        message = str(exc).replace(str(ck.path) + "/", "").replace(str(ck.path) + ": ", "")
+        return FAIL, message if "tokenizer_config.json" in message else f"omnimodal_config: {message}"
     problems = []
     have, want = spec.omnimodal_config(), ref.omnimodal_config()
     for key in ("text_vocab_size", "special_token_offset", "num_special_tokens"):
