@@ -90,7 +90,10 @@ def image_layout(ctx: Context) -> tuple[str, str, dict[str, Any]]:
     if ctx.server is not None:
         from .checks_serve import image_probe
 
-        serving, where = image_probe(ctx)["layout"], "the served endpoint"
+        try:
+            serving, where = image_probe(ctx)["layout"], "the served endpoint"
+        except Exception as exc:  # serve.image fails for it; the layout is then unknown, not skewed
+            return WARN, f"the serving layout is unknown: the image request failed ({exc}); see serve.image", {}
     else:
         serving, where = default, "the serving default (no --serve)"
     rows: list[dict[str, Any]] = []
