@@ -117,12 +117,13 @@ class ApertusDataset(GPTDataset):
         if lengths.min() < 2:
             raise SftPackingError(f"{self.dataset_path}: a conversation has fewer than 2 tokens "
                                   f"(sequence {int(self.indices[int(lengths.argmin())])})")
-        try:
-            packing = best_fit_decreasing(lengths, capacity, oversize=self.config.apertus.sft_oversize)
-        except ValueError as exc:
-            raise SftPackingError(f"{self.dataset_path}: {exc} (--seq-length {self.config.sequence_length} + 1 "
-                                  "tokens per sample; pass --apertus-sft-oversize split to cut long "
-                                  "conversations)") from exc
+        if self.config.apertus.sft_oversize == "error" and lengths.max() > capacity:
+            k = int(np.argmax(lengths > capacity))
+            raise SftPackingError(
+                f"{self.dataset_path}: conversation {int(self.indices[k])} has {int(lengths[k])} tokens, more than "
+                f"a sample holds (--seq-length {self.config.sequence_length} + 1); pass --apertus-sft-oversize split "
+                "to cut long conversations into pieces")
+        packing = best_fit_decreasing(lengths, capacity, oversize=self.config.apertus.sft_oversize)
         order = np.argsort(packing.piece_bin, kind="stable")
         self._piece_doc = packing.piece_doc[order]
         self._piece_start = packing.piece_start[order]
