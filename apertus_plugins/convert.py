@@ -499,7 +499,12 @@ def megatron_to_hf(tensors: Mapping[str, torch.Tensor], shape: ModelShape,
                 out[lp + _QKV[0]], out[lp + _QKV[1]], out[lp + _QKV[2]] = q, k, v
             else:
                 out[lp + inv_layer[suffix]] = t
-    passthrough = dict(passthrough or {})
+    renamed = {}
+    for name, t in (passthrough or {}).items():
+        if name.startswith(HF_PREFIX_10 + "layers."):
+            name = HF_PREFIX_15 + name[len(HF_PREFIX_10):]  # the xIELU constants of a 1.0 source
+        renamed[name] = t
+    passthrough = renamed
     for n in range(shape.num_layers):
         lp = f"{HF_PREFIX_15}layers.{n}."
         dtype = out[lp + "mlp.act_fn.alpha_p"].dtype
@@ -507,8 +512,6 @@ def megatron_to_hf(tensors: Mapping[str, torch.Tensor], shape: ModelShape,
             if lp + suffix not in passthrough:
                 out[lp + suffix] = torch.tensor(value, dtype=dtype)
     for name, t in passthrough.items():
-        if name.startswith(HF_PREFIX_10 + "layers.") and not name.startswith(HF_PREFIX_15):
-            name = HF_PREFIX_15 + name[len(HF_PREFIX_10):]  # constants of a 1.0 source
         if name in out:
             raise ConversionError(f"{name}: both mapped and passed through")
         out[name] = t

@@ -63,19 +63,25 @@ def single_process_group() -> None:
 
 
 @contextlib.contextmanager
-def _host_only_writes() -> Iterator[None]:
-    """megatron-core's checkpoint writer stages tensors on the host and then calls
-    ``torch.cuda.synchronize()``; on a machine without CUDA the tensors already live on the host and
-    there is nothing to wait for, so the call is skipped there (and only there)."""
+def _on_host() -> Iterator[None]:
+    """Let megatron-core's checkpoint code run where there is no CUDA.
+
+    Its ``torch_dist`` writer and reader assume a GPU in two places: ``torch.cuda.synchronize()``
+    after staging tensors on the host, and small bookkeeping tensors (the all-reduced failure flag)
+    placed on ``torch.cuda.current_device()``. Without CUDA, every tensor here already lives on the
+    host and the process group is gloo, so, inside this block only and only on such a machine, the
+    first is a no-op and the second names the CPU. On a machine with CUDA nothing changes.
+    """
     if torch.cuda.is_available():
         yield
         return
-    saved = torch.cuda.synchronize
+    saved = torch.cuda.synchronize, torch.cuda.current_device
     torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.current_device = lambda: "cpu"
     try:
         yield
     finally:
-        torch.cuda.synchronize = saved
+        torch.cuda.synchronize, torch.cuda.current_device = saved
 
 
 def transformer_config(shape: ModelShape, dtype: torch.dtype = torch.float32) -> TransformerConfig:
@@ -146,7 +152,7 @@ def save_megatron(weights: ConvertedWeights, out_dir: str | os.PathLike[str], *,
     try:
         state = {"model": model.sharded_state_dict(), "args": checkpoint_args(weights.shape, dtype),
                  "checkpoint_version": 3.0, "iteration": 0}
-        with _host_only_writes():
+        with _on_host():
             dist_checkpointing.save(state, str(tmp / RELEASE))
         (tmp / TRACKER).write_text(RELEASE)
         side = tmp / SIDE_DIR
@@ -187,12 +193,14 @@ def load_megatron(ckpt_dir: str | os.PathLike[str]) -> tuple[dict[str, torch.Ten
     """
     it_dir = _iteration_dir(Path(ckpt_dir))
     single_process_group()
-    common = dist_checkpointing.load_common_state_dict(str(it_dir))
+    with _on_host():
+        common = dist_checkpointing.load_common_state_dict(str(it_dir))
     args = common.get("args")
     if args is None:
         raise ConversionError(f"{it_dir}: the checkpoint has no Megatron args in its common state")
     shape = ModelShape.from_megatron_args(args)
-    stored = dist_checkpointing.load_tensors_metadata(str(it_dir))
+    with _on_host():
+        stored = dist_checkpointing.load_tensors_metadata(str(it_dir))
     model = build_cpu_model(shape)
     spec = apertus_layer_spec()
     sharded = {k: v for k, v in model.sharded_state_dict().items() if not k.endswith("_extra_state")}
@@ -202,6 +210,7 @@ def load_megatron(ckpt_dir: str | os.PathLike[str]) -> tuple[dict[str, torch.Ten
             raise ConversionError(f"{it_dir}: the checkpoint lacks {v.key}")
         v.data = torch.empty(v.data.shape, dtype=meta.dtype)
         v.dtype = meta.dtype
-    loaded = dist_checkpointing.load({"model": sharded}, str(it_dir))["model"]
+    with _on_host():
+        loaded = dist_checkpointing.load({"model": sharded}, str(it_dir))["model"]
     tensors = {local_to_checkpoint_name(k, spec): t for k, t in loaded.items()}
     return tensors, args
