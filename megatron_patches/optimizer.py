@@ -18,7 +18,9 @@ megatron-core's ``DistributedOptimizer`` checkpoints only Adam's two moments, so
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 from megatron_patches.version import require_supported
@@ -32,7 +34,8 @@ from apertus_plugins.optim.ademamix import AdEMAMix  # noqa: E402
 
 from .arguments import ApertusOptions  # noqa: E402
 
-__all__ = ["MegatronAdEMAMix", "ademamix_init_state_fn", "install", "uninstall", "installed"]
+__all__ = ["MegatronAdEMAMix", "ademamix_init_state_fn", "apply_weight_decay_rule", "adam_replaced_by_ademamix",
+           "check_ademamix_config", "install", "uninstall", "installed"]
 
 _TARGET = "_get_megatron_optimizer_based_on_param_groups"
 
@@ -73,30 +76,48 @@ def _set_init_state_fn(optimizer: Any) -> None:
             sub.init_state_fn = ademamix_init_state_fn
 
 
+def apply_weight_decay_rule(param_groups: list[dict[str, Any]], rule: str) -> None:
+    """``rule == "all"``: every megatron-core parameter group decays (``wd_mult = 1``); ``"megatron"``: unchanged."""
+    if rule == "all":
+        for group in param_groups:
+            group["wd_mult"] = 1.0
+
+
+@contextlib.contextmanager
+def adam_replaced_by_ademamix(settings: dict[str, Any]) -> Iterator[None]:
+    """Inside the block, megatron-core's optimizer module builds :class:`MegatronAdEMAMix` where it builds ``Adam``."""
+    saved = (_mcore_optimizer.Adam, _mcore_optimizer.USING_PYTORCH_OPTIMIZER, MegatronAdEMAMix.settings)
+    MegatronAdEMAMix.settings = dict(settings)
+    _mcore_optimizer.Adam, _mcore_optimizer.USING_PYTORCH_OPTIMIZER = MegatronAdEMAMix, False
+    try:
+        yield
+    finally:
+        _mcore_optimizer.Adam, _mcore_optimizer.USING_PYTORCH_OPTIMIZER, MegatronAdEMAMix.settings = saved
+
+
+def check_ademamix_config(config: Any) -> None:
+    """Raise ``ValueError`` for megatron-core optimizer settings AdEMAMix cannot serve."""
+    if config.optimizer != "adam":
+        raise ValueError(f"--apertus-optimizer ademamix replaces Adam: pass --optimizer adam, not {config.optimizer!r}")
+    if config.use_distributed_optimizer:
+        raise ValueError("--apertus-optimizer ademamix cannot run with --use-distributed-optimizer: megatron-core's "
+                         "DistributedOptimizer checkpoints only Adam's two moments, and AdEMAMix's slow EMA would be "
+                         "lost")
+    if getattr(config, "optimizer_cpu_offload", False):
+        raise ValueError("--apertus-optimizer ademamix does not support --optimizer-cpu-offload")
+    if getattr(config, "use_precision_aware_optimizer", False):
+        raise ValueError("--apertus-optimizer ademamix does not support --use-precision-aware-optimizer")
+
+
 def _wrapped(original: Any, options: ApertusOptions) -> Any:
     @functools.wraps(original)
     def build(config: Any, model_chunks: Any, param_groups: list[dict[str, Any]], *args: Any, **kwargs: Any) -> Any:
-        if options.weight_decay_on == "all":
-            for group in param_groups:
-                group["wd_mult"] = 1.0
+        apply_weight_decay_rule(param_groups, options.weight_decay_on)
         if options.optimizer != "ademamix":
             return original(config, model_chunks, param_groups, *args, **kwargs)
-        if config.optimizer != "adam":
-            raise ValueError(f"--apertus-optimizer ademamix replaces Adam: pass --optimizer adam, not "
-                             f"{config.optimizer!r}")
-        if config.use_distributed_optimizer:
-            raise ValueError("--apertus-optimizer ademamix cannot run with --use-distributed-optimizer: megatron-core's "
-                             "DistributedOptimizer checkpoints only Adam's two moments, and AdEMAMix's slow EMA "
-                             "would be lost")
-        if getattr(config, "optimizer_cpu_offload", False):
-            raise ValueError("--apertus-optimizer ademamix does not support --optimizer-cpu-offload")
-        saved = (_mcore_optimizer.Adam, _mcore_optimizer.USING_PYTORCH_OPTIMIZER)
-        MegatronAdEMAMix.settings = dict(options.ademamix)
-        _mcore_optimizer.Adam, _mcore_optimizer.USING_PYTORCH_OPTIMIZER = MegatronAdEMAMix, False
-        try:
+        check_ademamix_config(config)
+        with adam_replaced_by_ademamix(options.ademamix):
             optimizer = original(config, model_chunks, param_groups, *args, **kwargs)
-        finally:
-            _mcore_optimizer.Adam, _mcore_optimizer.USING_PYTORCH_OPTIMIZER = saved
         _set_init_state_fn(optimizer)
         return optimizer
 
