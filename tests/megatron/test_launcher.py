@@ -124,7 +124,7 @@ def launcher(script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess
 def test_launcher_runs_the_script_as_main(tmp_path: Path, tokenizer_dir: Path) -> None:
     (tmp_path / "helper_mod.py").write_text("VALUE = 41\n")
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(textwrap.dedent("""
         import argparse, sys
         import helper_mod  # the script's own directory is importable, as with `python train.py`
         from megatron_patches.launcher import active
