@@ -429,5 +429,30 @@ def preflight_from_args(args: Any, options: ApertusOptions) -> None:
         prefixes: list[str] = []
     else:
         prefixes = data_prefixes(*get_blend_and_blend_per_split(args))
+    problems = cross_document_problems(args, options)
+    if problems:
+        raise PreflightError("documents would attend to each other:\n  " + "\n  ".join(problems))
     preflight(options, prefixes, embedding_rows=embedding_rows(args, options))
     _PREFLIGHT_DONE.append(True)
+
+
+def cross_document_problems(args: Any, options: ApertusOptions) -> list[str]:
+    """Settings under which the attention would ignore the document boundaries of packed samples.
+
+    Cross-document masking needs either packed sequences (``cu_seqlens``, Transformer Engine) or
+    the dataloader's attention mask reaching an attention that applies it: Transformer Engine's
+    causal attention and megatron-core's fused causal softmax ignore an explicit mask.
+    """
+    if options.packed_sequences:
+        if getattr(args, "micro_batch_size", 1) != 1:
+            return ["--apertus-packed-sequences needs --micro-batch-size 1"]
+        return []
+    problems = []
+    if not getattr(args, "create_attention_mask_in_dataloader", True):
+        problems.append("--no-create-attention-mask-in-dataloader: pass --apertus-packed-sequences instead")
+    if getattr(args, "transformer_impl", "local") == "transformer_engine":
+        problems.append("Transformer Engine's causal attention ignores the attention mask: pass "
+                        "--apertus-packed-sequences (cu_seqlens) or --transformer-impl local")
+    elif getattr(args, "masked_softmax_fusion", False):
+        problems.append("the fused causal softmax ignores the attention mask: pass --no-masked-softmax-fusion")
+    return problems

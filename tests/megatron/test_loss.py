@@ -128,3 +128,21 @@ def test_get_batch_keeps_every_key(tokenizer_dir: Path, spec: VocabSpec, process
     with pytest.raises(KeyError, match="modality"):
         get_batch(iter([{k: v for k, v in data.items() if k != "modality"}]), micro_batch_size=b, seq_length=s,
                   attention_mask=False, packed_sequences=False)
+
+
+def test_cross_document_settings(tokenizer_dir: Path) -> None:
+    from types import SimpleNamespace
+
+    from megatron_patches.training import cross_document_problems
+
+    opts = options(tokenizer_dir)
+    local = {"transformer_impl": "local", "masked_softmax_fusion": False, "create_attention_mask_in_dataloader": True,
+             "micro_batch_size": 4}
+    assert cross_document_problems(SimpleNamespace(**local), opts) == []
+    te = cross_document_problems(SimpleNamespace(**{**local, "transformer_impl": "transformer_engine"}), opts)
+    assert te and "--apertus-packed-sequences" in te[0]
+    fused = cross_document_problems(SimpleNamespace(**{**local, "masked_softmax_fusion": True}), opts)
+    assert fused and "--no-masked-softmax-fusion" in fused[0]
+    packed = options(tokenizer_dir, "--apertus-packed-sequences")
+    assert "--micro-batch-size 1" in cross_document_problems(SimpleNamespace(**local), packed)[0]
+    assert cross_document_problems(SimpleNamespace(**{**local, "micro_batch_size": 1}), packed) == []
