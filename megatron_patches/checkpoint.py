@@ -42,7 +42,7 @@ from apertus_plugins.convert import ConversionError, ConvertedWeights, ModelShap
 from .spec import apertus_layer_spec, build_gpt_model, local_to_checkpoint_name  # noqa: E402
 
 __all__ = ["TRACKER", "RELEASE", "SIDE_DIR", "single_process_group", "build_cpu_model", "save_megatron",
-           "load_megatron", "checkpoint_args"]
+           "load_megatron", "checkpoint_args", "read_checkpoint_args", "rope_differences"]
 
 TRACKER = "latest_checkpointed_iteration.txt"
 RELEASE = "release"
@@ -214,3 +214,31 @@ def load_megatron(ckpt_dir: str | os.PathLike[str]) -> tuple[dict[str, torch.Ten
         loaded = dist_checkpointing.load({"model": sharded}, str(it_dir))["model"]
     tensors = {local_to_checkpoint_name(k, spec): t for k, t in loaded.items()}
     return tensors, args
+
+
+def read_checkpoint_args(ckpt_dir: str | os.PathLike[str]) -> argparse.Namespace | None:
+    """The Megatron args saved in a ``torch_dist`` checkpoint (``None`` when ``ckpt_dir`` holds none yet)."""
+    path = Path(ckpt_dir)
+    if not (path / TRACKER).is_file() and not (path / "metadata.json").is_file():
+        return None
+    it_dir = _iteration_dir(path)
+    with _on_host():
+        common = dist_checkpointing.load_common_state_dict(str(it_dir))
+    return common.get("args")
+
+
+def rope_differences(saved: Any, run: Any) -> list[str]:
+    """RoPE settings of a run that differ from those a checkpoint was trained with.
+
+    Megatron-LM's ``--use-checkpoint-args`` carries ``--rotary-base`` but not ``--use-rope-scaling``
+    or ``--rope-scaling-factor``, so a resumed or converted model can silently change its RoPE.
+    """
+    out = []
+    for name in ("rotary_base", "use_rope_scaling", "rope_scaling_factor", "position_embedding_type"):
+        a, b = getattr(saved, name, None), getattr(run, name, None)
+        if name == "rope_scaling_factor" and not getattr(run, "use_rope_scaling", False) and \
+                not getattr(saved, "use_rope_scaling", False):
+            continue
+        if a is not None and a != b:
+            out.append(f"{name}: checkpoint {a!r}, this run {b!r}")
+    return out

@@ -432,6 +432,16 @@ def preflight_from_args(args: Any, options: ApertusOptions) -> None:
     problems = cross_document_problems(args, options)
     if problems:
         raise PreflightError("documents would attend to each other:\n  " + "\n  ".join(problems))
+    load = getattr(args, "load", None) or getattr(args, "pretrained_checkpoint", None)
+    if load and not options.allow_rope_change:
+        from .checkpoint import read_checkpoint_args, rope_differences
+
+        saved = read_checkpoint_args(load)
+        changed = rope_differences(saved, args) if saved is not None else []
+        if changed:
+            raise PreflightError(f"{load}: the RoPE settings differ from the checkpoint's ({'; '.join(changed)}); "
+                                 "pass the checkpoint's values, or --apertus-allow-rope-change for a deliberate "
+                                 "change (context extension)")
     preflight(options, prefixes, embedding_rows=embedding_rows(args, options))
     _PREFLIGHT_DONE.append(True)
 

@@ -64,6 +64,18 @@ def test_round_trip_bit_identical_with_rope(hf_dir: Path, tmp_path: Path, proces
     assert args.padded_vocab_size == 1100 and args.num_query_groups == 2 and args.untie_embeddings_and_output_weights
     assert sorted(tensors) == sorted(megatron_names(2))
     assert tensors["output_layer.weight"].shape[0] == 1100  # the head regrown to every embedding row
+    # a run that would load it with other RoPE settings is told so (--use-checkpoint-args keeps only the base)
+    from types import SimpleNamespace
+
+    from megatron_patches.checkpoint import read_checkpoint_args, rope_differences
+
+    saved = read_checkpoint_args(mcore)
+    same = SimpleNamespace(rotary_base=4000000, use_rope_scaling=True, rope_scaling_factor=32.0,
+                           position_embedding_type="rope")
+    assert rope_differences(saved, same) == []
+    assert rope_differences(saved, SimpleNamespace(**{**vars(same), "rope_scaling_factor": 8.0})) == [
+        "rope_scaling_factor: checkpoint 32.0, this run 8.0"]
+    assert read_checkpoint_args(tmp_path / "nothing-yet") is None
     assert apertus(["convert", "to-hf", str(mcore), str(back)]) == 0
     src_t, src_cfg, src_side = read_hf_checkpoint(hf_dir)
     out_t, out_cfg, out_side = read_hf_checkpoint(back)
