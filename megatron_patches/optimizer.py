@@ -118,6 +118,9 @@ def _wrapped(original: Any, options: ApertusOptions) -> Any:
         check_ademamix_config(config)
         with adam_replaced_by_ademamix(options.ademamix):
             optimizer = original(config, model_chunks, param_groups, *args, **kwargs)
+        if isinstance(optimizer, tuple):  # 0.19 with skip_megatron_wrapping: (torch optimizer, init_state_fn)
+            opt, init_fn = optimizer
+            return opt, (ademamix_init_state_fn if isinstance(opt, AdEMAMix) else init_fn)
         _set_init_state_fn(optimizer)
         return optimizer
 

@@ -12,6 +12,7 @@ Build a model with :func:`build_gpt_model` (what the launcher's model provider c
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from megatron_patches.version import require_supported
@@ -97,9 +98,13 @@ def apertus_layer_spec(use_transformer_engine: bool = False) -> ModuleSpec:
     else:
         spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
     mlp = spec.submodules.mlp
-    if not (isinstance(mlp, ModuleSpec) and mlp.module is MLP):
+    if isinstance(mlp, ModuleSpec) and mlp.module is MLP:  # 0.16: a ModuleSpec
+        spec.submodules.mlp = ModuleSpec(module=ApertusMLP, submodules=mlp.submodules, params=dict(mlp.params))
+    elif isinstance(mlp, functools.partial) and getattr(mlp.func, "__self__", None) is MLP \
+            and mlp.func.__name__ == "as_mlp_submodule":  # 0.19: partial(MLP.as_mlp_submodule, submodules=...)
+        spec.submodules.mlp = functools.partial(ApertusMLP.as_mlp_submodule, *mlp.args, **mlp.keywords)
+    else:
         raise RuntimeError(f"unexpected MLP spec in megatron-core's GPT layer spec: {mlp!r}")
-    spec.submodules.mlp = ModuleSpec(module=ApertusMLP, submodules=mlp.submodules, params=dict(mlp.params))
     return spec
 
 
