@@ -178,7 +178,7 @@ class ApertusDataset(GPTDataset):
 
     def _pretraining_sample(self, idx: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(ids of S+1 tokens, keep mask of the S labels, document ids and positions of the S inputs)."""
-        text, _ = self._query_document_sample_shuffle_indices(idx)
+        text = self._query_document_sample_shuffle_indices(idx)[0]  # (text, document ids[, ...] in 0.19)
         ids = np.asarray(text, dtype=np.int64)
         weights = pretraining_targets(ids, self.spec, self.keep_config, goldfish=self.config.apertus.goldfish).weights
         layout = packed_layout_from_eod(ids[:-1], self.spec.eos_id)

@@ -4,8 +4,8 @@ The launcher does what ``python SCRIPT ...`` does (``sys.argv``, the script's di
 ``sys.path``, ``__name__ == "__main__"``), after it has
 
 1. checked the ``megatron.core`` that the script will import (a supported version, else a clear error);
-2. activated the plugin on Megatron-LM's training entry (``megatron.training``, from the user's
-   checkout), through the form the installed version has:
+2. activated the plugin on Megatron-LM's training entry (``megatron.training``: from the user's
+   checkout with 0.16, packaged in the megatron-core wheel from 0.19), through the form it has:
 
    * 0.16 (``pretrain(dataset_provider, model_provider, model_type, forward_step,
      extra_args_provider=...)``): ``pretrain`` is wrapped so that the ``--apertus-*`` arguments join
@@ -224,9 +224,9 @@ def activate(script: str | os.PathLike[str] | None = None) -> ActivePlugin:
         training_pkg.pretrain = training_mod.pretrain
     elif script is not None and script_imports_megatron_training(script):
         raise LauncherError(
-            f"{script} imports megatron.training, which belongs to Megatron-LM and is not part of the megatron-core "
-            "wheel. Run the script from a Megatron-LM checkout that matches the installed megatron-core (its "
-            "directory is put on sys.path), or put the checkout on PYTHONPATH. Supported: "
+            f"{script} imports megatron.training, which the megatron-core wheel does not include (before 0.19 it "
+            "lives only in Megatron-LM). Run the script from a Megatron-LM checkout that matches the installed "
+            "megatron-core (its directory is put on sys.path), or put the checkout on PYTHONPATH. Supported: "
             + ", ".join(f"{a}.{b}.x" for a, b in SUPPORTED))
     state = ActivePlugin(version=version, form=form, script=None if script is None else str(script))
     _ACTIVE.append(state)
@@ -260,4 +260,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m megatron_patches.launcher`: run the package's own module, so that the script sees the
+    # plugin state (`megatron_patches.launcher.active()`) of the module it imports
+    from megatron_patches.launcher import main as _main
+
+    sys.exit(_main())

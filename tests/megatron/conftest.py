@@ -115,6 +115,16 @@ def write_pretraining_prefix(prefix: Path, spec: VocabSpec, n_docs: int = 60, se
     return docs
 
 
+def null_tokenizer(size: int) -> Any:
+    """megatron-core's NullTokenizer (the library name is ``null`` in 0.16, ``null-text`` in 0.19)."""
+    from megatron.core.tokenizers import MegatronTokenizer
+
+    from megatron_patches.version import require_supported
+
+    library = "null" if require_supported() == (0, 16) else "null-text"
+    return MegatronTokenizer.from_pretrained(metadata_path={"library": library}, vocab_size=size)
+
+
 # ------------------------------------------------------------------------------ checkpoints
 def tiny_text_config(**overrides: Any) -> dict[str, Any]:
     text = {"model_type": "apertus1p5_text", "vocab_size": 1100, "output_vocab_size": 512, "hidden_size": 64,

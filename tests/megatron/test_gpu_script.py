@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from conftest import null_tokenizer
 
 from megatron_patches.arguments import add_apertus_args, options_from_args
 from megatron_patches.training import data_prefixes, preflight
@@ -45,8 +46,6 @@ def parsed(smoke: ModuleType, run_data: dict[str, Any], out: Path) -> tuple[argp
 
 def test_flags_and_data_pass_preflight(smoke: ModuleType, run_data: dict[str, Any], tmp_path: Path,
                                        process_group: None) -> None:
-    from megatron.core.tokenizers import MegatronTokenizer
-
     from megatron_patches.dataset import ApertusDatasetConfig, build_datasets
 
     args, rest = parsed(smoke, run_data, tmp_path)
@@ -56,7 +55,7 @@ def test_flags_and_data_pass_preflight(smoke: ModuleType, run_data: dict[str, An
     weights, prefixes = args.data_path[0::2], args.data_path[1::2]
     preflight(opts, data_prefixes((prefixes, None), None), embedding_rows=opts.embedding_rows)
     assert opts.embedding_rows % 128 == 0 and opts.embedding_rows > run_data["vocab"]
-    tok = MegatronTokenizer.from_pretrained(metadata_path={"library": "null"}, vocab_size=run_data["vocab"])
+    tok = null_tokenizer(run_data["vocab"])
     config = ApertusDatasetConfig(random_seed=int(args.seed), sequence_length=int(args.seq_length),
                                   blend=(prefixes, [float(w) for w in weights]), split="100,0,0", tokenizer=tok,
                                   path_to_cache=str(tmp_path / "cache"), apertus=opts)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import CONVERSATIONS, encode_conversations, write_pretraining_prefix, write_sft_prefix
+from conftest import CONVERSATIONS, encode_conversations, null_tokenizer, write_pretraining_prefix, write_sft_prefix
 
 from apertus_plugins.manifest import write_manifest
 from apertus_plugins.packing import packed_layout_from_eod
@@ -40,12 +40,6 @@ def options(tokenizer_dir: Path, *extra: str) -> Any:
     return options_from_args(parser.parse_args(["--apertus-tokenizer", str(tokenizer_dir), *extra]))
 
 
-def null_tokenizer(spec: VocabSpec) -> Any:
-    from megatron.core.tokenizers import MegatronTokenizer
-
-    return MegatronTokenizer.from_pretrained(metadata_path={"library": "null"}, vocab_size=spec.size)
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, spec: VocabSpec) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("data")
@@ -59,7 +53,7 @@ def data(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, spec: Vo
 
 def make_config(data: dict[str, Any], opts: Any, spec: VocabSpec, **kw: Any) -> ApertusDatasetConfig:
     values = {"random_seed": 1234, "sequence_length": SEQ, "blend": ([data["pre"], data["sft"]], [0.5, 0.5]),
-              "split": "100,0,0", "tokenizer": null_tokenizer(spec), "create_attention_mask": True,
+              "split": "100,0,0", "tokenizer": null_tokenizer(spec.size), "create_attention_mask": True,
               "path_to_cache": str(data["root"] / "cache"), "mid_level_dataset_surplus": 0.5}
     values.update(kw)
     return ApertusDatasetConfig(**values, apertus=opts)
