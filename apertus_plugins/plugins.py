@@ -100,11 +100,13 @@ class Registry:
 
 def get_plugin_manager(load_entry_points: bool = True) -> pluggy.PluginManager:
     """A fresh plugin manager with the built-ins and (by default) the ``apertus`` entry points."""
-    from . import modalities
+    from . import judges, modalities, rewards
 
     pm = pluggy.PluginManager(PROJECT)
     pm.add_hookspecs(ApertusHookSpecs)
     pm.register(modalities, name="apertus.builtin.modalities")
+    pm.register(judges, name="apertus.builtin.judges")
+    pm.register(rewards, name="apertus.builtin.rewards")
     if load_entry_points:
         pm.load_setuptools_entrypoints(PROJECT)
     return pm
