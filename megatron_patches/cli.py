@@ -8,7 +8,8 @@
   ``to-megatron``) or from ``--reference`` (a released checkpoint directory, or such a converted
   Megatron directory). The RoPE settings come from the Megatron checkpoint's own arguments.
 
-Needs torch, safetensors and megatron-core (``pip install 'apertus-plugins[megatron]'``).
+Needs torch, safetensors and megatron-core (``pip install 'apertus-plugins[megatron]'``). The
+command joins ``apertus`` through the core's plugin hooks (:mod:`megatron_patches.apertus_plugin`).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def _reference(path: Path) -> tuple[dict, dict, dict]:
     """(config, passthrough tensors, side files) from a converted Megatron directory or a released checkpoint."""
     from safetensors.torch import load_file
 
-    from ..convert import PASSTHROUGH_PREFIXES, ConversionError, read_hf_checkpoint
+    from apertus_plugins.convert import PASSTHROUGH_PREFIXES, ConversionError, read_hf_checkpoint
 
     side_dir = path / "apertus"
     if (side_dir / "config.json").is_file():
@@ -63,7 +64,7 @@ def _reference(path: Path) -> tuple[dict, dict, dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..convert import (
+    from apertus_plugins.convert import (
         ConversionError,
         ModelShape,
         hf_config_from_shape,
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     )
 
     try:
-        from megatron_patches.checkpoint import load_megatron, save_megatron
+        from .checkpoint import load_megatron, save_megatron
     except ImportError as exc:
         raise ConversionError(f"apertus convert needs torch and megatron-core ({exc})") from exc
     src, out = Path(args.source), Path(args.out)
