@@ -9,9 +9,16 @@ unchanged; this class adds the tokenizers, embeds their codes with the decoder's
 (:meth:`embed_multimodal`) and merges them at the placeholder positions (the
 ``SupportsMultiModal`` path through :meth:`get_language_model`).
 
+The tokenizers are the core's :class:`~apertus_plugins.encoders.VisionTokenizer` and
+:class:`~apertus_plugins.encoders.AudioTokenizer`, built from the checkpoint's ``vision_config`` and
+``audio_config`` and loaded by vLLM's weight loader like every other module; they run in float32
+(their code selection is an argmax over the codebook) whatever the serving dtype, on items batched
+by exact shape (:func:`~apertus_plugins.encoders.group_by_shape`; never padded).
+
 Debugging: with ``APERTUS_VLLM_CODES_LOG=FILE`` in the server's environment, every item that
 :meth:`embed_multimodal` embeds appends one JSON line ``{"modality", "shape", "seconds", "codes"}`` to FILE
-(codebook indices without the vocabulary offset; the encoder time of the item's batch, shared).
+(codebook indices without the vocabulary offset; ``seconds``: the encoder time of the item's batch
+divided by its size, measured only while logging).
 """
 
 from __future__ import annotations
@@ -90,17 +97,17 @@ class Apertus1p5ForConditionalGeneration(nn.Module, SupportsMultiModal, Supports
 
         # the code selection is an argmax over the codebook: the tokenizers stay in float32
         with self._mark_tower_model(vllm_config, "image"):
-            self.vision_tokenizer = VisionTokenizer(VisionTokenizerConfig.from_dict(_config_dict(config.vision_config)))
+            vision = VisionTokenizerConfig.from_dict(_config_dict(config.vision_config), "vision_config")
+            self.vision_tokenizer = VisionTokenizer(vision).float()
         with self._mark_tower_model(vllm_config, "audio"):
-            self.audio_tokenizer = AudioTokenizer(AudioTokenizerConfig.from_dict(_config_dict(config.audio_config)))
-        for tokenizer in (self.vision_tokenizer, self.audio_tokenizer):
-            if isinstance(tokenizer, nn.Module):
-                tokenizer.float()
+            audio = AudioTokenizerConfig.from_dict(_config_dict(config.audio_config), "audio_config")
+            self.audio_tokenizer = AudioTokenizer(audio).float()
 
         with self._mark_language_model(vllm_config):
             self.language_model = ApertusModel(vllm_config=vllm_config.with_hf_config(text_config),
                                                prefix=maybe_prefix(prefix, "language_model"))
-            # vLLM's Apertus MLP builds xIELU with bf16 scalars; keep them in the serving dtype
+            # vLLM's Apertus MLP builds xIELU in bfloat16 whatever the serving dtype, which rounds the
+            # checkpoint's alphas (about 1e-2 in float32 log-probabilities); the port keeps the model dtype
             for layer in self.language_model.layers:
                 if isinstance(getattr(getattr(layer, "mlp", None), "act_fn", None), XIELU):
                     layer.mlp.act_fn = XIELU(dtype=vllm_config.model_config.dtype)
@@ -114,10 +121,8 @@ class Apertus1p5ForConditionalGeneration(nn.Module, SupportsMultiModal, Supports
         return self.language_model
 
     # ------------------------------------------------------------------ media
-    def _log_codes(self, modality: str, codes: list[torch.Tensor], seconds: list[float]) -> None:
-        path = os.environ.get(CODES_LOG_ENV)
-        if not path:
-            return
+    @staticmethod
+    def _log_codes(path: str, modality: str, codes: list[torch.Tensor], seconds: list[float]) -> None:
         with open(path, "a", encoding="utf-8") as fh:
             for c, sec in zip(codes, seconds, strict=True):
                 fh.write(json.dumps({"modality": modality, "shape": list(c.shape), "seconds": sec,
@@ -126,16 +131,19 @@ class Apertus1p5ForConditionalGeneration(nn.Module, SupportsMultiModal, Supports
     def _encode(self, modality: str, items: list[torch.Tensor]) -> list[torch.Tensor]:
         """Codebook indices per item: items of identical shape share one batch, none is padded."""
         tokenizer = self.vision_tokenizer if modality == "image" else self.audio_tokenizer
+        log = os.environ.get(CODES_LOG_ENV)
         codes: list[torch.Tensor | None] = [None] * len(items)
         seconds = [0.0] * len(items)
         for batch in group_by_shape(items):
             start = time.perf_counter()
-            stacked = torch.stack([items[i] for i in batch]).to(device=tokenizer.device, dtype=torch.float32)
-            out = tokenizer.encode(stacked)
+            out = tokenizer.encode([items[i] for i in batch])  # float32 pixels / samples, as the processor made them
+            if log and out.device.type == "cuda":
+                torch.cuda.synchronize(out.device)
+            elapsed = (time.perf_counter() - start) / len(batch)
             for j, i in enumerate(batch):
-                codes[i] = out[j]
-                seconds[i] = (time.perf_counter() - start) / len(batch)
-        self._log_codes(modality, codes, seconds)  # type: ignore[arg-type]
+                codes[i], seconds[i] = out[j], elapsed
+        if log:
+            self._log_codes(log, modality, codes, seconds)  # type: ignore[arg-type]
         return codes  # type: ignore[return-value]
 
     def _embed_codes(self, codes: list[torch.Tensor], offset: int) -> list[torch.Tensor]:

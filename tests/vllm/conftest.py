@@ -19,9 +19,10 @@ MEDIA_LIMIT = {"image": 2, "audio": 2}
 
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory) -> Path:
-    from _checkpoint import write_checkpoint
+    """The project's tiny random checkpoint in the released layout, with every tensor shaping the output."""
+    from apertus_plugins.checkpoint import write_checkpoint
 
-    return write_checkpoint(tmp_path_factory.mktemp("ckpt") / "apertus-tiny")
+    return write_checkpoint(tmp_path_factory.mktemp("ckpt") / "apertus-tiny", size="tiny", init="varied")
 
 
 @pytest.fixture(scope="session")
