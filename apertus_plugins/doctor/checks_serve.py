@@ -319,7 +319,7 @@ def degeneration_probe(ctx: Context) -> tuple[str, str, dict[str, Any]]:
         generation = _reasoning(msg) + (msg.get("content") or "")
         d = degeneration(generation)
         rows.append({"prompt": label, "degenerate": d.degenerate, "ratio": round(d.ratio, 3), "n": d.n,
-                     "words": len(generation.split()), "generation": generation[:200]})
+                     "words": len(generation.split()), "generation": generation})
     bad = [r for r in rows if r["degenerate"]]
     worst = max(rows, key=lambda r: r["ratio"])
     details = {"probes": rows}

@@ -87,7 +87,7 @@ def bos(ctx: Context) -> tuple[str, str]:
     problems = []
     for what, ids in (("templated and tokenized", chat_ids), ("re-tokenized by a processor", proc_ids)):
         n = ids.count(ref.bos_id)
-        if n != 1 or ids[0] != ref.bos_id:
+        if n != 1 or not ids or ids[0] != ref.bos_id:
             problems.append(f"{what}: {n} BOS (id {ref.bos_id}) in {short(ids[:6], 40)}")
     if problems:
         why = (f" (the tokenizer's bos_token is {bos_token!r}, so a processor adds its own)"
