@@ -82,10 +82,17 @@ def doctor_report(checkpoint: str, url: str | None = None) -> Report:
 
 
 def print_doctor(report: Report) -> int:
-    """Print the doctor's table; the demo's exit code is the doctor's."""
+    """Print the doctor's table; the demo fails when a check fails, except the degeneration probe.
+
+    The demo's weights are random, so whether their greedy generations repeat themselves says
+    nothing about the plumbing; that verdict is printed, not counted.
+    """
     print(f"\n== apertus doctor {report.checkpoint}" + (f" --serve {report.serve}" if report.serve else "") + " ==")
     print(report.table())
-    return report.exit_code()
+    failed = report.ids("fail") - {"serve.degeneration"}
+    if "serve.degeneration" in report.ids("fail"):
+        print("(serve.degeneration fails on these random weights; it is not counted in the demo's exit code)")
+    return 1 if failed else 0
 
 
 def _media_path(name: str) -> Path:

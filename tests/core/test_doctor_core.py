@@ -210,3 +210,21 @@ def test_the_command_line(tokenizer_dir, tmp_path):
                                       str(_dataset(tmp_path / "t", "training", tokenizer_dir)), "--strict"],
                             capture_output=True, text=True)
     assert strict.returncode == 1 and "WARN    layout.image" in strict.stdout
+
+
+def test_the_demos_doctor_step_counts_every_failure_but_random_weight_degeneration(capsys):
+    from apertus_plugins.cli.demo import print_doctor
+    from apertus_plugins.doctor import Report, Result
+
+    def report(*failing: str) -> Report:
+        ids = ["template.vectors", "serve.text", "serve.degeneration"]
+        return Report("ckpt", [Result(i, i.split(".")[0], i, FAIL if i in failing else PASS, "evidence") for i in ids],
+                      serve="http://127.0.0.1:1")
+
+    assert print_doctor(report()) == 0
+    assert print_doctor(report("serve.degeneration")) == 0
+    assert "not counted in the demo's exit code" in capsys.readouterr().out
+    assert print_doctor(report("serve.text")) == 1
+    assert print_doctor(report("template.vectors", "serve.degeneration")) == 1
+    out = capsys.readouterr().out
+    assert "== apertus doctor ckpt --serve http://127.0.0.1:1 ==" in out and "FAIL    template.vectors" in out
