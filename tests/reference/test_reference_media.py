@@ -113,7 +113,9 @@ def test_every_pil_mode_equals_the_released_processor(processor, mode, h, w):
                                    (1, 45, 67)])
 def test_arrays_equal_the_released_processor(processor, shape):
     arr = rng.integers(0, 256, shape, dtype=np.uint8)
-    ref = processor(images=[arr], return_tensors="pt")["pixel_values"][0].numpy()
+    # the processor takes no bare [H, W] array in a list; the core reads one as a single channel
+    ref_input = arr[:, :, None] if arr.ndim == 2 else arr
+    ref = processor(images=[ref_input], return_tensors="pt")["pixel_values"][0].numpy()
     _assert_identical(image.preprocess_image(arr).pixels, ref, f"array {shape}")
 
 
