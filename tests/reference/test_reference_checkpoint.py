@@ -155,6 +155,18 @@ def test_sharded_bf16_and_deterministic(ckpt, tmp_path):
     assert not (tmp_path / "f16").exists()
 
 
+def test_same_seed_same_bytes_whatever_the_thread_count(ckpt, tmp_path):
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            again = write_checkpoint(tmp_path / f"threads{n}", seed=3)
+            assert (again / "model.safetensors").read_bytes() == (ckpt / "model.safetensors").read_bytes(), (
+                f"seed 3 written with {n} torch threads differs from the fixture's bytes")
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_varied_init(ckpt, tmp_path):
     """init="varied": the same tensor set and encoders, a language model whose norms and xIELU alphas carry information."""
     varied = write_checkpoint(tmp_path / "varied", seed=3, init="varied")
