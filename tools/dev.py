@@ -211,12 +211,16 @@ def cmd_demo(args: list[str]) -> int:
         return rc
     # the serving step: a small random checkpoint in the released layout, served by vLLM with the plugin
     vllm = build_env("vllm")
-    ckpt = Path(tempfile.mkdtemp(prefix="apertus-demo-")) / "checkpoint"
+    tmp = Path(tempfile.mkdtemp(prefix="apertus-demo-"))
+    ckpt = tmp / "checkpoint"
     env = suite_env("vllm", vllm)
-    rc = subprocess.call([str(vllm / "bin" / "apertus"), "make-checkpoint", str(ckpt)], env=env)
-    if rc:
-        return rc
-    return subprocess.call([str(vllm / "bin" / "apertus"), "demo", "--serve", str(ckpt)], env=env)
+    try:
+        rc = subprocess.call([str(vllm / "bin" / "apertus"), "make-checkpoint", str(ckpt)], env=env)
+        if rc:
+            return rc
+        return subprocess.call([str(vllm / "bin" / "apertus"), "demo", "--serve", str(ckpt)], env=env)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def cmd_run(args: list[str]) -> int:
