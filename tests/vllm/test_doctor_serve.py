@@ -73,20 +73,8 @@ def test_the_default_probe_reports_the_metric_of_the_servers_generations(server,
     assert result.status == (FAIL if any(p["degenerate"] for p in probes) else PASS)
 
 
-@pytest.fixture(scope="module")
-def misconfigured(checkpoint, tmp_path_factory):
-    """A server without the tool and reasoning parsers, in the training image layout."""
-    from apertus_plugins.serve import CPU_ARGS, VLLMServer
-
-    args = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", "apertus-misconfigured",
-            "--mm-processor-kwargs", json.dumps({"image_layout": "training"})]
-    log = tmp_path_factory.mktemp("logs") / "vllm-doctor-misconfigured.log"
-    with VLLMServer(checkpoint, args=args, log_path=log, startup_timeout=900) as srv:
-        yield srv
-
-
-def test_a_misconfigured_server_fails_tool_calls_and_thinking_and_warns_about_the_layout(misconfigured, checkpoint):
-    report = run_doctor(checkpoint, serve=url(misconfigured), probe_prompts=forced(VARIED), probe_tokens=200)
+def test_a_misconfigured_server_fails_tool_calls_and_thinking_and_warns_about_the_layout(training_server, checkpoint):
+    report = run_doctor(checkpoint, serve=url(training_server), probe_prompts=forced(VARIED), probe_tokens=200)
     assert report.ids(FAIL) == {"serve.tool_call", "serve.thinking"}, report.table()
     assert report.ids(WARN) == {"layout.image"}, report.table()
     by = report.by_id()
