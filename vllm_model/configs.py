@@ -9,9 +9,16 @@ that model type. The fields and defaults are those of the released port: a check
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
+
+from apertus_plugins.encoders.config import AudioTokenizerConfig, VisionTokenizerConfig
+from apertus_plugins.vocab import VocabSpec
+
+#: The released layout: the defaults of the ids and sizes below come from the core's VocabSpec.
+_SPEC = VocabSpec()
 
 __all__ = [
     "Apertus1p5Config",
@@ -32,59 +39,34 @@ DEFAULT_ROPE = {
 }
 
 
-class Apertus1p5VisionTokenizerConfig(PretrainedConfig):
-    """The IBQ vision tokenizer (encode only): 16x16 pixels per code, codebook of ``codebook_size``."""
+def _encoder_config_class(name: str, core: type, doc: str) -> type[PretrainedConfig]:
+    """A ``PretrainedConfig`` with the fields and defaults of one of the core's encoder configs.
 
-    model_type = "apertus1p5_vision_tokenizer"
-    base_config_key = "vision_config"
+    The encoders' sizes live once, in :mod:`apertus_plugins.encoders.config`; this only gives
+    them the ``transformers`` shape (``AutoConfig``, ``to_dict``, sub-config of the model).
+    """
+    fields = [f for f in dataclasses.fields(core) if f.init]
+    namespace: dict[str, Any] = {
+        "__doc__": doc,
+        "__module__": __name__,
+        "model_type": core.model_type,
+        "__annotations__": {f.name: f.type for f in fields},
+        **{f.name: f.default for f in fields},
+    }
+    for prop in ("spatial_scale_factor", "hop_length"):
+        if isinstance(getattr(core, prop, None), property):
+            namespace[prop] = property(lambda self, _p=prop: getattr(self.core(), _p))
+    namespace["core"] = lambda self: core.from_dict(self.to_dict())
+    return type(name, (PretrainedConfig,), namespace)
 
-    codebook_size: int = 131072
-    embed_dim: int = 256
-    latent_channels: int = 256
-    in_channels: int = 3
-    base_channels: int = 256
-    channel_multiplier: list[int] | tuple[int, ...] = (1, 1, 2, 2, 4)
-    num_res_blocks: int = 4
-    attn_resolutions: list[int] | tuple[int, ...] = (16,)
-    resolution: int = 256
-    dropout: float = 0.0
 
-    def __post_init__(self, **kwargs: Any) -> None:
-        super().__post_init__(**kwargs)
-        self.spatial_scale_factor = 2 ** (len(self.channel_multiplier) - 1)
-
-
-class WavTokenizerEncoderConfig(PretrainedConfig):
-    """The WavTokenizer encoder and codebook: 24 kHz mono, one code per ``prod(upsampling_ratios)`` samples."""
-
-    model_type = "wavtokenizer_encoder"
-
-    sampling_rate: int = 24000
-    audio_channels: int = 1
-    num_filters: int = 32
-    upsampling_ratios: list[int] | tuple[int, ...] = (6, 5, 5, 4)
-    num_residual_layers: int = 1
-    dilation_growth_rate: int = 2
-    compress: int = 2
-    use_conv_shortcut: bool = True
-    use_causal_conv: bool = False
-    pad_mode: str = "reflect"
-    norm_type: str = "weight_norm"
-    kernel_size: int = 7
-    last_kernel_size: int = 7
-    residual_kernel_size: int = 3
-    num_lstm_layers: int = 2
-    hidden_size: int = 512
-    codebook_size: int = 4096
-    codebook_dim: int = 512
-
-    @property
-    def hop_length(self) -> int:
-        """Samples per code (600)."""
-        out = 1
-        for r in self.upsampling_ratios:
-            out *= int(r)
-        return out
+Apertus1p5VisionTokenizerConfig = _encoder_config_class(
+    "Apertus1p5VisionTokenizerConfig", VisionTokenizerConfig,
+    "The IBQ vision tokenizer (encode only): 16x16 pixels per code; the core's sizes and defaults.")
+Apertus1p5VisionTokenizerConfig.base_config_key = "vision_config"
+WavTokenizerEncoderConfig = _encoder_config_class(
+    "WavTokenizerEncoderConfig", AudioTokenizerConfig,
+    "The WavTokenizer encoder and codebook: 24 kHz mono, one code per 600 samples; the core's sizes and defaults.")
 
 
 class Apertus1p5TextConfig(PretrainedConfig):
@@ -94,7 +76,7 @@ class Apertus1p5TextConfig(PretrainedConfig):
     base_config_key = "text_config"
     keys_to_ignore_at_inference = ["past_key_values"]
 
-    vocab_size: int = 266752
+    vocab_size: int = _SPEC.embedding_rows or _SPEC.size
     hidden_size: int = 4096
     intermediate_size: int = 14336
     num_hidden_layers: int = 32
@@ -105,9 +87,9 @@ class Apertus1p5TextConfig(PretrainedConfig):
     initializer_range: float = 0.02
     rms_norm_eps: float = 1e-5
     use_cache: bool = True
-    pad_token_id: int | None = 3
-    bos_token_id: int | None = 1
-    eos_token_id: int | list[int] | None = 2
+    pad_token_id: int | None = _SPEC.id("pad")
+    bos_token_id: int | None = _SPEC.id("bos")
+    eos_token_id: int | list[int] | None = _SPEC.id("eos")
     tie_word_embeddings: bool = False
     rope_parameters: dict | None = None
     attention_bias: bool = False
@@ -140,10 +122,10 @@ class Apertus1p5Config(PretrainedConfig):
     text_config: dict | PretrainedConfig | None = None
     vision_config: dict | PretrainedConfig | None = None
     audio_config: dict | PretrainedConfig | None = None
-    image_token_id: int = 131079
-    audio_token_id: int = 131085
-    image_token_offset: int = 131272
-    audio_token_offset: int = 262344
+    image_token_id: int = _SPEC.id("image")
+    audio_token_id: int = _SPEC.id("audio")
+    image_token_offset: int = _SPEC.modality("image").offset
+    audio_token_offset: int = _SPEC.modality("audio").offset
     tie_word_embeddings: bool = False
 
     def __post_init__(self, **kwargs: Any) -> None:
