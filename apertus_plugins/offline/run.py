@@ -83,7 +83,9 @@ def _scan(cfg: TokenizeConfig) -> Plan:
         kinds = sorted({m.kind for it in items for m in it.media})
         raise RunError(f"the inputs hold {' and '.join(kinds)} items: pass --checkpoint DIR (the media encoders)")
     batches = make_batches(items, cfg.kind, cfg.batch_size, cfg.batch_codes, cfg.window)
-    return Plan(cfg.fingerprint(), input_listing(files), items, skips, batches)
+    plan = Plan(cfg.fingerprint(), input_listing(files), skips, batches, len(items))
+    plan.save(cfg.work, items)
+    return plan
 
 
 def _diff(a: Any, b: Any, path: str = "") -> list[str]:
@@ -112,14 +114,12 @@ def _load_or_plan(cfg: TokenizeConfig) -> tuple[Plan, bool, float]:
     t0 = time.perf_counter()
     plan_file = work / "plan.json"
     if plan_file.is_file():
-        plan = Plan.from_dict(load_json(plan_file), str(plan_file))
+        plan = Plan.load(work)
         _check_unchanged(plan, cfg, str(plan_file))
         return plan, True, time.perf_counter() - t0
     for sub in ("shards", "records"):  # leftovers without a plan cannot be trusted
         shutil.rmtree(work / sub, ignore_errors=True)
-    plan = _scan(cfg)
-    save_json(plan_file, plan.to_dict())
-    return plan, False, time.perf_counter() - t0
+    return _scan(cfg), False, time.perf_counter() - t0
 
 
 # ---------------------------------------------------------------------- execution
@@ -136,13 +136,21 @@ def _execute(cfg: TokenizeConfig, todo: list[int], on_done: Callable[[dict[str, 
         _execute_local(cfg, work, todo, on_done)
 
 
+def _init_worker(pgid: int, threads: int) -> None:
+    """A local worker process: the run's process group (for the fault hook) and its share of the CPUs."""
+    os.environ[PGID_ENV] = str(pgid)
+    os.environ["APERTUS_TOKENIZE_THREADS"] = str(threads)
+
+
 def _execute_local(cfg: TokenizeConfig, work: str, todo: list[int], on_done: Callable[[dict[str, Any]], None]) -> None:
     import multiprocessing
     from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 
     n = min(cfg.workers, len(todo))
-    # spawn: the driver has imported torch (megatron-core's builder); forking it is unsafe
-    with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) as ex:
+    threads = max(1, (os.cpu_count() or 1) // n)
+    # spawn: the driver may have imported torch (megatron-core's builder); forking it is unsafe
+    with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_init_worker, initargs=(os.getpgrp(), threads)) as ex:
         futures = {ex.submit(run_batch, work, b): b for b in todo}
         pending = set(futures)
         while pending:
@@ -318,7 +326,7 @@ def _report(cfg: TokenizeConfig, plan: Plan, records: dict[int, dict[str, Any]],
         "version": 1,
         "kind": cfg.kind,
         "outputs": outputs,
-        "items": {"total": len(plan.items) + len(plan.skipped), "written": written, "skipped": len(skipped)},
+        "items": {"total": plan.total_items + len(plan.skipped), "written": written, "skipped": len(skipped)},
         "skipped_by_reason": dict(sorted(Counter(s["reason"] for s in skipped).items())),
         "skipped": skipped,
         "tokens": outputs[cfg.out].get("tokens", {}),
@@ -417,8 +425,6 @@ def tokenize(cfg: TokenizeConfig, out: Any = None) -> dict[str, Any]:
                 records[b.id] = load_json(f)
         todo = [b.id for b in plan.batches if b.id not in records]
         before = len(records)
-        os.environ[PGID_ENV] = str(os.getpgrp())
-        os.environ["APERTUS_TOKENIZE_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, cfg.workers)))
         total = plan.planned_items
         t0 = time.perf_counter()
         new_items = 0

@@ -16,6 +16,8 @@ points; when a point is reached the whole run (the driver's process group, recor
 * ``batch-mid:N``: inside batch N, after part of its shard data is on disk, before its commit;
 * ``batch-done:N``: right after batch N's record is committed (between batches);
 * ``merge-mid:K``: in the merge, after K batch shards were appended to the first output.
+
+With ``--workers 0`` (batches in the driver's own process) the hook kills that process.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from .config import TokenizeConfig
-from .plan import Plan, load_json, save_json
+from .plan import Plan, batch_items, load_json, save_json
 from .sources import Item, MediaLoadError, MediaRef, Reasons, Skip, parse_record, part_source, read_media
 
 __all__ = ["FAULT_ENV", "PGID_ENV", "fault_point", "WorkerContext", "context", "run_batch", "shard_prefix",
@@ -69,7 +71,7 @@ class WorkerContext:
 
         self.work = work
         self.cfg = TokenizeConfig(**load_json(work / "config.json"))
-        self.plan = Plan.from_dict(load_json(work / "plan.json"), str(work / "plan.json"))
+        self.plan = Plan.load(work)
         self.chat = ChatTokenizer(self.cfg.tokenizer)
         self.spec = self.chat.spec
         self.registry = registry()
@@ -191,8 +193,8 @@ class WorkerContext:
         if rec_file.is_file():
             return load_json(rec_file)
         t0 = time.perf_counter()
-        batch = self.plan.batches[batch_id]
-        items = [self.plan.items[i] for i in batch.items]
+        items = batch_items(self.work, self.plan.batches[batch_id])
+        by_index = {it.index: it for it in items}
         skips: dict[int, Skip] = {}
         records: dict[int, Any] = {}
         arrays: dict[tuple[int, int], np.ndarray] = {}
@@ -210,7 +212,7 @@ class WorkerContext:
                     arrays.pop((it.index, k), None)
         codes: dict[tuple[int, int], np.ndarray] = {}
         for kind in sorted({ref.kind for it in items for ref in it.media}):
-            keys = [k for k in arrays if self.plan.items[k[0]].media[k[1]].kind == kind]
+            keys = [k for k in arrays if by_index[k[0]].media[k[1]].kind == kind]
             for k, c in zip(keys, self.encoders.encode(kind, [arrays[k] for k in keys]), strict=True):
                 codes[k] = c
         docs: list[tuple[int, dict[str, np.ndarray]]] = []
@@ -232,7 +234,7 @@ class WorkerContext:
             "items": [i for i, _ in docs],
             "skipped": [asdict(skips[i]) for i in sorted(skips)],
             "tokens": tokens,
-            "media": {k: sum(1 for i, _ in docs for ref in self.plan.items[i].media if ref.kind == k)
+            "media": {k: sum(1 for i, _ in docs for ref in by_index[i].media if ref.kind == k)
                       for k in sorted({ref.kind for it in items for ref in it.media})},
             "seconds": round(time.perf_counter() - t0, 4),
         }
