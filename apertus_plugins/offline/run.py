@@ -12,7 +12,8 @@ Layout on disk for ``--out OUT``::
     OUT.work/                        while running (removed after success unless --keep-work):
         lock                         held by the running driver (flock)
         config.json                  the run's settings, read by every worker
-        plan.json                    the deterministic plan (written once, reused on resume)
+        plan.json                    the deterministic plan: fingerprint, batches (written last, reused on resume)
+        batches.jsonl, inputs.json   each batch's items (a worker reads its own line); the input files' stats
         shards/NNNN/bNNNNNNN*.bin/.idx   one Megatron indexed dataset per batch and stream
         records/bNNNNNNN.json        a batch's checkpoint: written last, after its shards
 
@@ -439,6 +440,7 @@ def tokenize(cfg: TokenizeConfig, out: Any = None) -> dict[str, Any]:
 
             _execute(cfg, todo, on_done)
         encode_s = time.perf_counter() - t0
+        _megatron_builder()  # imported before the merge is timed
         t1 = time.perf_counter()
         _merge(cfg, plan, records)
         merge_s = time.perf_counter() - t1

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "IMAGE_EXTS", "AUDIO_EXTS", "MediaRef", "Item", "Skip", "Reasons", "MediaLoadError", "RangeReader",
+    "IMAGE_EXTS", "AUDIO_EXTS", "MediaRef", "Item", "Skip", "Reasons", "BadInput", "RangeReader",
     "open_media", "read_media", "media_shape", "scan_pretrain", "scan_sft", "input_listing", "parse_record",
     "media_parts",
 ]
@@ -65,8 +65,8 @@ class Reasons:
     NO_TRANSCRIPT = "no transcript"
 
 
-class MediaLoadError(ValueError):
-    """A media item that cannot be read or preprocessed; ``reason`` is one of :class:`Reasons`."""
+class BadInput(ValueError):
+    """An input that cannot become a document (it is skipped); ``reason`` is one of :class:`Reasons`."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(detail)
@@ -166,7 +166,7 @@ class RangeReader(io.RawIOBase):
 def _data_url(value: str) -> bytes:
     head, _, payload = value.partition(",")
     if ";base64" not in head:
-        raise MediaLoadError(Reasons.FORMAT, "only base64 data: URLs are supported")
+        raise BadInput(Reasons.FORMAT, "only base64 data: URLs are supported")
     return _b64(payload)
 
 
@@ -174,19 +174,19 @@ def _b64(payload: str) -> bytes:
     try:
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise MediaLoadError(Reasons.FORMAT, f"inline media is not valid base64 ({exc})") from exc
+        raise BadInput(Reasons.FORMAT, f"inline media is not valid base64 ({exc})") from exc
 
 
 def open_media(ref: MediaRef, inline_bytes: Callable[[MediaRef], bytes] | None = None) -> Any:
     """A binary file object over a media item's bytes (close it after use)."""
     if ref.inline is not None:
         if inline_bytes is None:
-            raise MediaLoadError(Reasons.FORMAT, f"{ref.name}: inline media needs its record")
+            raise BadInput(Reasons.FORMAT, f"{ref.name}: inline media needs its record")
         return io.BytesIO(inline_bytes(ref))
     try:
         fh = open(ref.path, "rb")  # noqa: SIM115 (returned to the caller)
     except FileNotFoundError as exc:
-        raise MediaLoadError(Reasons.MISSING, f"{ref.name}: no such file") from exc
+        raise BadInput(Reasons.MISSING, f"{ref.name}: no such file") from exc
     if ref.offset < 0:
         return fh
     return io.BufferedReader(RangeReader(fh, ref.offset, ref.size))
@@ -216,31 +216,31 @@ def _image_header(fh: Any) -> tuple[int, int]:
 
 def media_shape(ref: MediaRef, resize_policy: str, audio_policy: str,
                 inline_bytes: Callable[[MediaRef], bytes] | None = None) -> None:
-    """Fill ``ref.shape`` and ``ref.codes`` from the item's header; raise :class:`MediaLoadError`."""
+    """Fill ``ref.shape`` and ``ref.codes`` from the item's header; raise :class:`BadInput`."""
     from ..media.audio import AudioError, audio_code_count, resampled_length
     from ..media.image import MAX_ASPECT, PATCH, ImageError, resized_size
 
     if ref.inline is None and ref.offset < 0:
         if not os.path.isfile(ref.path):
-            raise MediaLoadError(Reasons.MISSING, f"{ref.name}: no such file")
+            raise BadInput(Reasons.MISSING, f"{ref.name}: no such file")
         size = os.path.getsize(ref.path)
     else:
         size = ref.size
     if size == 0:
-        raise MediaLoadError(Reasons.EMPTY, f"{ref.name}: the file is empty (zero bytes)")
+        raise BadInput(Reasons.EMPTY, f"{ref.name}: the file is empty (zero bytes)")
     with open_media(ref, inline_bytes) as fh:
         src = ref.path if ref.inline is None and ref.offset < 0 else fh  # a path keeps messages short
         if ref.kind == "image":
             try:
                 h, w = _image_header(src)
             except Exception as exc:  # noqa: BLE001 (any header parse failure is bad input)
-                raise MediaLoadError(Reasons.IMAGE, f"{ref.name}: not a readable image ({exc})") from exc
+                raise BadInput(Reasons.IMAGE, f"{ref.name}: not a readable image ({exc})") from exc
             try:
                 rh, rw = resized_size(h, w, resize_policy)
             except ImageError as exc:
                 ratio = max(h, w) / max(min(h, w), 1)
                 reason = Reasons.ASPECT if min(h, w) > 0 and ratio > MAX_ASPECT else Reasons.IMAGE_SIZE
-                raise MediaLoadError(reason, f"{ref.name}: {exc}") from exc
+                raise BadInput(reason, f"{ref.name}: {exc}") from exc
             ref.shape = [rh, rw]
             ref.codes = (rh // PATCH) * (rw // PATCH)
         elif ref.kind == "audio":
@@ -249,15 +249,15 @@ def media_shape(ref: MediaRef, resize_policy: str, audio_policy: str,
             try:
                 info = sf.info(src)
             except Exception as exc:  # noqa: BLE001
-                raise MediaLoadError(Reasons.AUDIO, f"{ref.name}: not a readable audio file ({exc})") from exc
+                raise BadInput(Reasons.AUDIO, f"{ref.name}: not a readable audio file ({exc})") from exc
             try:
                 n = resampled_length(int(info.frames), int(info.samplerate), audio_policy)
             except AudioError as exc:
-                raise MediaLoadError(Reasons.AUDIO, f"{ref.name}: {exc}") from exc
+                raise BadInput(Reasons.AUDIO, f"{ref.name}: {exc}") from exc
             ref.shape = [n]
             ref.codes = audio_code_count(n)
         else:
-            raise MediaLoadError(Reasons.FORMAT, f"{ref.name}: no planner for modality {ref.kind!r}")
+            raise BadInput(Reasons.FORMAT, f"{ref.name}: no planner for modality {ref.kind!r}")
 
 
 # ---------------------------------------------------------------------- pretraining inputs
@@ -290,7 +290,7 @@ def _read_text(data: bytes, name: str) -> str:
     try:
         return data.decode("utf-8").strip()
     except UnicodeDecodeError as exc:
-        raise MediaLoadError(Reasons.TEXT, f"{name}: text is not UTF-8 ({exc})") from exc
+        raise BadInput(Reasons.TEXT, f"{name}: text is not UTF-8 ({exc})") from exc
 
 
 def scan_pretrain(sources: list[str], resize_policy: str, audio_policy: str,
@@ -303,7 +303,7 @@ def scan_pretrain(sources: list[str], resize_policy: str, audio_policy: str,
     def add(ref: MediaRef, text: str | None) -> None:
         try:
             media_shape(ref, resize_policy, audio_policy)
-        except MediaLoadError as exc:
+        except BadInput as exc:
             skips.append(Skip(ref.name, exc.reason, exc.detail))
             return
         items.append(Item(len(items), ref.kind, ref.name, [ref], text))
@@ -323,7 +323,7 @@ def scan_pretrain(sources: list[str], resize_policy: str, audio_policy: str,
                 if side.is_file():
                     try:
                         text = _read_text(side.read_bytes(), str(side))
-                    except MediaLoadError as exc:
+                    except BadInput as exc:
                         skips.append(Skip(str(f), exc.reason, exc.detail))
                         continue
                 add(MediaRef(kind, path, str(f)), text)
@@ -371,7 +371,7 @@ def _scan_tar(path: Path, add: Callable[[MediaRef, str | None], None], skips: li
                 fh.seek(t.offset_data)
                 try:
                     text = _read_text(fh.read(t.size), f"{name}.txt")
-                except MediaLoadError as exc:
+                except BadInput as exc:
                     skips.append(Skip(name, exc.reason, exc.detail))
                     continue
             add(MediaRef(_kind_of(_ext(ext)) or "", str(path.resolve()), f"{name}.{ext}", m.offset_data, m.size), text)
@@ -379,23 +379,23 @@ def _scan_tar(path: Path, add: Callable[[MediaRef, str | None], None], skips: li
 
 # ---------------------------------------------------------------------- SFT inputs
 def parse_record(line: bytes, name: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, bool | None]:
-    """(messages, tools, enable_thinking or None) of one JSONL line; :class:`MediaLoadError` if unusable."""
+    """(messages, tools, enable_thinking or None) of one JSONL line; :class:`BadInput` if unusable."""
     try:
         obj = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise MediaLoadError(Reasons.JSON, f"{name}: not valid JSON ({exc})") from exc
+        raise BadInput(Reasons.JSON, f"{name}: not valid JSON ({exc})") from exc
     if isinstance(obj, list):
         return obj, None, None
     if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list):
         keys = ", ".join(sorted(obj)) if isinstance(obj, dict) else type(obj).__name__
-        raise MediaLoadError(Reasons.FORMAT, f"{name}: expected an object with a 'messages' list or a list of "
+        raise BadInput(Reasons.FORMAT, f"{name}: expected an object with a 'messages' list or a list of "
                              f"messages, got {keys}")
     tools = obj.get("tools")
     if tools is not None and not isinstance(tools, list):
-        raise MediaLoadError(Reasons.FORMAT, f"{name}: 'tools' must be a list")
+        raise BadInput(Reasons.FORMAT, f"{name}: 'tools' must be a list")
     thinking = obj.get("enable_thinking")
     if thinking is not None and not isinstance(thinking, bool):
-        raise MediaLoadError(Reasons.FORMAT, f"{name}: 'enable_thinking' must be true or false")
+        raise BadInput(Reasons.FORMAT, f"{name}: 'enable_thinking' must be true or false")
     return obj["messages"], tools, thinking
 
 
@@ -426,7 +426,7 @@ def _part_value(part: dict[str, Any]) -> Any:
 
 
 def part_source(part: dict[str, Any], base: Path, name: str) -> tuple[str, Any]:
-    """``("path", absolute path)`` or ``("data", bytes)`` of a media part; raises :class:`MediaLoadError`."""
+    """``("path", absolute path)`` or ``("data", bytes)`` of a media part; raises :class:`BadInput`."""
     value = _part_value(part)
     if isinstance(value, dict):
         if isinstance(value.get("data"), str):
@@ -434,13 +434,13 @@ def part_source(part: dict[str, Any], base: Path, name: str) -> tuple[str, Any]:
             return ("data", _data_url(data) if data.startswith("data:") else _b64(data))
         value = value.get("path") or value.get("url") or value.get("file")
     if not isinstance(value, str) or not value:
-        raise MediaLoadError(Reasons.FORMAT, f"{name}: the {part.get('type')!r} part names no file or data")
+        raise BadInput(Reasons.FORMAT, f"{name}: the {part.get('type')!r} part names no file or data")
     if value.startswith("data:"):
         return ("data", _data_url(value))
     if value.startswith("file://"):
         value = value[len("file://"):]
     elif "://" in value:
-        raise MediaLoadError(Reasons.REMOTE, f"{name}: {value[:80]!r} is a remote URL; the pipeline reads local "
+        raise BadInput(Reasons.REMOTE, f"{name}: {value[:80]!r} is a remote URL; the pipeline reads local "
                              "files only (download first)")
     p = Path(value)
     return ("path", str((p if p.is_absolute() else base / p).resolve()))
@@ -474,7 +474,7 @@ def scan_sft(sources: list[str], media_root: str | None, resize_policy: str, aud
                         try:
                             norm = normalize_messages(messages)
                         except ChatFormatError as exc:
-                            raise MediaLoadError(Reasons.CONVERSATION, f"{name}: {exc}") from exc
+                            raise BadInput(Reasons.CONVERSATION, f"{name}: {exc}") from exc
                         refs = []
                         for mi, pi, kind, part in media_parts(norm):
                             where = f"{name} message {mi} part {pi}"
@@ -488,7 +488,7 @@ def scan_sft(sources: list[str], media_root: str | None, resize_policy: str, aud
                                 ref = MediaRef(kind, path, where, size=len(value), inline=[mi, pi])
                                 media_shape(ref, resize_policy, audio_policy, lambda _r, v=value: v)
                             refs.append(ref)
-                    except MediaLoadError as exc:
+                    except BadInput as exc:
                         skips.append(Skip(name, exc.reason, exc.detail))
                         continue
                     items.append(Item(len(items), "conversation", name, refs, record=[path, start, len(raw)]))

@@ -33,7 +33,7 @@ import numpy as np
 
 from .config import TokenizeConfig
 from .plan import Plan, batch_items, load_json, save_json
-from .sources import Item, MediaLoadError, MediaRef, Reasons, Skip, parse_record, part_source, read_media
+from .sources import BadInput, Item, MediaRef, Reasons, Skip, parse_record, part_source, read_media
 
 __all__ = ["FAULT_ENV", "PGID_ENV", "fault_point", "WorkerContext", "context", "run_batch", "shard_prefix",
            "record_path"]
@@ -92,19 +92,19 @@ class WorkerContext:
 
         data = read_media(ref, (lambda r: self._inline(r, record)) if record else None)
         if not data:
-            raise MediaLoadError(Reasons.EMPTY, f"{ref.name}: the file is empty (zero bytes)")
+            raise BadInput(Reasons.EMPTY, f"{ref.name}: the file is empty (zero bytes)")
         if ref.kind == "image":
             try:
                 return preprocess_image(data, self.cfg.resize_policy).pixels
             except (ImageError, OSError) as exc:
-                raise MediaLoadError(Reasons.IMAGE, f"{ref.name}: {_strip_name(exc)}") from exc
+                raise BadInput(Reasons.IMAGE, f"{ref.name}: {_strip_name(exc)}") from exc
         if ref.kind == "audio":
             try:
                 wave, rate = load_audio(data)
                 return preprocess_audio(wave, rate, self.cfg.audio_policy)
             except (AudioError, OSError) as exc:
-                raise MediaLoadError(Reasons.AUDIO, f"{ref.name}: {_strip_name(exc)}") from exc
-        raise MediaLoadError(Reasons.FORMAT, f"{ref.name}: no loader for modality {ref.kind!r}")
+                raise BadInput(Reasons.AUDIO, f"{ref.name}: {_strip_name(exc)}") from exc
+        raise BadInput(Reasons.FORMAT, f"{ref.name}: no loader for modality {ref.kind!r}")
 
     def sequence(self, kind: str, codes: np.ndarray) -> np.ndarray:
         """The id sequence of one media item, through the registered modality's builder."""
@@ -127,7 +127,7 @@ class WorkerContext:
             if task == "audio":
                 body = self.sequence("audio", codes)
             elif not text:
-                raise MediaLoadError(Reasons.NO_TRANSCRIPT, f"{item.name}: --audio-task {task} needs a transcript "
+                raise BadInput(Reasons.NO_TRANSCRIPT, f"{item.name}: --audio-task {task} needs a transcript "
                                      "(a .txt beside the clip or a txt component), none found")
             else:
                 body = transcription_sequence(codes, self.chat.text_ids(text), self.spec, task)
@@ -145,7 +145,7 @@ class WorkerContext:
         try:
             return normalize_messages(messages)
         except ChatFormatError as exc:
-            raise MediaLoadError(Reasons.CONVERSATION, f"{item.name}: {exc}") from exc
+            raise BadInput(Reasons.CONVERSATION, f"{item.name}: {exc}") from exc
 
     def conversation(self, item: Item) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, bool | None, Path]:
         path, offset, length = item.record or ("", 0, 0)
@@ -178,7 +178,7 @@ class WorkerContext:
                                                      media=[m for m, k in zip(items, kept, strict=True) if k])
                 out[".noreason"] = enc2.ids
         except ChatFormatError as exc:
-            raise MediaLoadError(Reasons.CONVERSATION, f"{item.name}: {exc}") from exc
+            raise BadInput(Reasons.CONVERSATION, f"{item.name}: {exc}") from exc
         if self.cfg.mask_stream:
             for key in [k for k in out if not k.endswith(".mask")]:
                 ids = out[key]
@@ -206,7 +206,7 @@ class WorkerContext:
                     inline = (self._normalized(it, rec[0]), rec[3])
                 for k, ref in enumerate(it.media):
                     arrays[(it.index, k)] = self.load(ref, inline)
-            except MediaLoadError as exc:
+            except BadInput as exc:
                 skips[it.index] = Skip(it.name, exc.reason, exc.detail)
                 for k in range(len(it.media)):
                     arrays.pop((it.index, k), None)
@@ -225,7 +225,7 @@ class WorkerContext:
                     docs.append((it.index, self.sft_documents(it, media_ids, records[it.index])))
                 else:
                     docs.append((it.index, {"": self.pretrain_document(it, codes[(it.index, 0)])}))
-            except MediaLoadError as exc:
+            except BadInput as exc:
                 skips[it.index] = Skip(it.name, exc.reason, exc.detail)
         tokens = self._write(batch_id, docs)
         record = {
