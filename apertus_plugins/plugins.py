@@ -79,6 +79,14 @@ class ApertusHookSpecs:
     def apertus_target_rules(self) -> Mapping[str, Callable[..., Any]]:
         """Return loss-target rules: name -> ``rule(ids, labels, weights, spec) -> weights``."""
 
+    @hookspec
+    def apertus_commands(self) -> Mapping[str, Callable[..., Any]]:
+        """Return ``apertus`` subcommands: name -> ``add_parser(subparsers)``.
+
+        ``add_parser`` registers the subcommand on the argparse sub-parsers and sets ``func`` on
+        it, as the core's own command modules do; it must not import heavy dependencies.
+        """
+
 
 @dataclass
 class Registry:
@@ -88,6 +96,7 @@ class Registry:
     judges: dict[str, Callable[..., Any]] = field(default_factory=dict)
     reward_functions: dict[str, Callable[..., Any]] = field(default_factory=dict)
     target_rules: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    commands: dict[str, Callable[..., Any]] = field(default_factory=dict)
     plugins: dict[str, str] = field(default_factory=dict)
 
     def modality_for_part(self, part_type: str) -> Modality | None:
@@ -100,11 +109,13 @@ class Registry:
 
 def get_plugin_manager(load_entry_points: bool = True) -> pluggy.PluginManager:
     """A fresh plugin manager with the built-ins and (by default) the ``apertus`` entry points."""
-    from . import modalities
+    from . import judges, modalities, rewards
 
     pm = pluggy.PluginManager(PROJECT)
     pm.add_hookspecs(ApertusHookSpecs)
     pm.register(modalities, name="apertus.builtin.modalities")
+    pm.register(judges, name="apertus.builtin.judges")
+    pm.register(rewards, name="apertus.builtin.rewards")
     if load_entry_points:
         pm.load_setuptools_entrypoints(PROJECT)
     return pm
@@ -131,6 +142,7 @@ def build_registry(pm: pluggy.PluginManager) -> Registry:
         ("apertus_judges", "judge", reg.judges),
         ("apertus_reward_functions", "reward function", reg.reward_functions),
         ("apertus_target_rules", "target rule", reg.target_rules),
+        ("apertus_commands", "command", reg.commands),
     ):
         results = []
         for impl in getattr(pm.hook, hook_name).get_hookimpls():

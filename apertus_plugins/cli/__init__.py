@@ -1,6 +1,8 @@
 """The ``apertus`` command. Each subcommand lives in a module of this package with
 ``add_parser(subparsers)`` that registers it and sets ``func`` on its parser; a new module is
-picked up by itself (listed after the ones named in :data:`COMMANDS`, alphabetically)."""
+picked up by itself (listed after the ones named in :data:`COMMANDS`, alphabetically). Adapters
+and third-party plugins add subcommands through the ``apertus_commands`` plugin hook (the
+Megatron adapter's ``convert``, for one)."""
 
 from __future__ import annotations
 
@@ -29,6 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         mod.add_parser(sub)
+    from ..plugins import registry
+
+    for name, add_parser in sorted(registry().commands.items()):
+        if name in sub.choices:
+            raise ValueError(f"a plugin's command {name!r} clashes with a built-in apertus command")
+        add_parser(sub)
     return parser
 
 

@@ -109,3 +109,41 @@ def test_third_party_modality_installed_with_pip_appears_in_registry(tmp_path: P
 
 def test_registry_is_cached_per_process():
     assert plugins.registry() is plugins.registry()
+
+
+def test_adapters_add_apertus_commands_through_the_hook(monkeypatch, capsys):
+    """``apertus convert`` comes from the Megatron adapter's plugin; the core imports no adapter."""
+    from apertus_plugins import cli
+
+    reg = plugins.registry()
+    assert "convert" in reg.commands
+    assert reg.plugins.get("megatron", "").startswith("<module 'megatron_patches.apertus_plugin'")
+    with pytest.raises(SystemExit) as info:
+        cli.main(["convert", "--help"])
+    assert info.value.code == 0
+    assert "to-megatron" in capsys.readouterr().out
+
+    class Extra:
+        @hookimpl
+        def apertus_commands(self):
+            def add_parser(sub):
+                p = sub.add_parser("hello", help="say hello")
+                p.set_defaults(func=lambda args: print("hello from a plugin") or 0)
+
+            return {"hello": add_parser}
+
+    pm = get_plugin_manager()
+    pm.register(Extra(), name="extra")
+    monkeypatch.setattr(plugins, "registry", lambda: build_registry(pm))
+    assert cli.main(["hello"]) == 0
+    assert capsys.readouterr().out == "hello from a plugin\n"
+
+
+def test_core_modules_import_no_adapter():
+    """The layering rule: nothing under apertus_plugins/ imports an adapter package."""
+    root = Path(plugins.__file__).resolve().parent
+    adapters = ("megatron_patches", "verl_ext", "vllm_model", "eval_tasks")
+    offenders = [f"{py.relative_to(root.parent)}: {line.strip()}"
+                 for py in root.rglob("*.py") for line in py.read_text().splitlines()
+                 if line.strip().startswith(("import ", "from ")) and any(a in line.split("#")[0] for a in adapters)]
+    assert not offenders, "the core imports adapters:\n" + "\n".join(offenders)

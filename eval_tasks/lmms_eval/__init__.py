@@ -1,0 +1,1 @@
+"""lmms-eval task folder (``--include_path``): upstream tasks under ``apertus_`` names."""

@@ -1,0 +1,1 @@
+"""Task folder (YAMLs + utils.py)."""

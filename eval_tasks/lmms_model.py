@@ -1,0 +1,237 @@
+"""The lmms-eval model ``apertus``: Apertus 1.5 served by vLLM's OpenAI-compatible server.
+
+    lmms-eval --model apertus --model_args base_url=http://127.0.0.1:8000/v1,enable_thinking=false \\
+        --tasks apertus_chartqa --include_path "$(apertus eval-path lmms_eval)"
+
+Registered through the ``lmms_eval.models`` entry point (:mod:`eval_tasks.lmms_registry`). Each
+request becomes one chat completion: the task's images (PNG) and audio clips (resampled to 24 kHz
+mono, sent as WAV) as content parts before the task's text; the thinking flag through
+``chat_template_kwargs``; special tokens kept in the output (``skip_special_tokens=False``) so the
+thinking span can be stripped (both surface forms, :func:`apertus_plugins.evaluation.strip_thinking`)
+before the task scores the answer; the task's stop strings plus the Apertus turn, sequence and
+tool-call stops; the task's output cap (``max_new_tokens``) unless ``max_new_tokens`` is given here.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from apertus_plugins.evaluation import (
+    AUDIO_SAMPLE_RATE,
+    DEFAULT_DECODING,
+    THINKING_DECODING,
+    stop_strings,
+    strip_thinking,
+)
+from apertus_plugins.serve import http_json
+
+from . import require
+
+require("lmms_eval")
+
+from lmms_eval.api.instance import Instance  # noqa: E402
+from lmms_eval.api.model import lmms  # noqa: E402
+
+__all__ = ["Apertus", "ServerUnreachable", "audio_part", "image_part"]
+
+_AUDIO_EXTS = (".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aac", ".webm")
+_IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+class ServerUnreachable(ConnectionError):
+    """The served model did not answer; the message names the URL and the model argument."""
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+def image_part(image: Any) -> dict[str, Any]:
+    """An OpenAI ``image_url`` part holding ``image`` (PIL image or path) as a PNG data URL."""
+    from PIL import Image
+
+    img = Image.open(image) if isinstance(image, (str, os.PathLike)) else image
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()}}
+
+
+def _waveform(clip: Any) -> tuple[Any, int]:
+    import numpy as np
+
+    from apertus_plugins.media.audio import load_audio
+
+    if isinstance(clip, dict) and clip.get("array") is not None:
+        wave = np.asarray(clip["array"], dtype=np.float32)
+        if wave.ndim == 2 and wave.shape[0] > wave.shape[1]:  # [samples, channels] -> [channels, samples]
+            wave = wave.T
+        return wave, int(clip["sampling_rate"])
+    if isinstance(clip, dict):  # datasets' Audio(decode=False): {"bytes", "path"}
+        source = clip.get("bytes") or clip.get("path")
+        if source is None:
+            raise ValueError("audio clip without 'array', 'bytes' or 'path'")
+        return load_audio(source)
+    if isinstance(clip, (str, os.PathLike, bytes)):
+        return load_audio(clip)
+    raise TypeError(f"unsupported audio clip {type(clip).__name__}")
+
+
+def audio_part(clip: Any) -> dict[str, Any]:
+    """An OpenAI ``input_audio`` part: the clip downmixed and resampled to 24 kHz, as float WAV."""
+    import soundfile as sf
+
+    from apertus_plugins.media.audio import preprocess_audio
+
+    wave, rate = _waveform(clip)
+    wave = preprocess_audio(wave, rate)
+    buf = io.BytesIO()
+    sf.write(buf, wave, AUDIO_SAMPLE_RATE, format="WAV", subtype="FLOAT")
+    return {"type": "input_audio", "input_audio": {"data": base64.b64encode(buf.getvalue()).decode(), "format": "wav"}}
+
+
+def _is_audio(visual: Any) -> bool:
+    if isinstance(visual, dict):
+        return "array" in visual or "sampling_rate" in visual or str(visual.get("path") or "").lower().endswith(_AUDIO_EXTS) \
+            or "bytes" in visual
+    if isinstance(visual, (str, os.PathLike)):
+        return str(visual).lower().endswith(_AUDIO_EXTS)
+    return False
+
+
+def media_parts(visuals: Any) -> list[dict[str, Any]]:
+    """Content parts for a task's visuals: PIL images and image paths, audio dicts and paths."""
+    from PIL import Image
+
+    parts = []
+    for v in visuals or []:
+        if isinstance(v, Image.Image) or (isinstance(v, (str, os.PathLike)) and str(v).lower().endswith(_IMAGE_EXTS)):
+            parts.append(image_part(v))
+        elif _is_audio(v):
+            parts.append(audio_part(v))
+        else:
+            raise TypeError(f"the apertus model takes images and audio; got {type(v).__name__} {str(v)[:80]!r}")
+    return parts
+
+
+class Apertus(lmms):
+    """Apertus 1.5 behind an OpenAI-compatible vLLM server (see the module docstring).
+
+    Args (``--model_args``):
+        base_url: the server's ``/v1`` URL.
+        model: the served model name (default: the first one the server lists).
+        enable_thinking: the chat template's thinking flag (off by default, as the protocol).
+        max_new_tokens: an output cap for every request, replacing the task's.
+        temperature, top_p: sampling (default: greedy; with thinking, the protocol's 0.6 and 0.95).
+        strip_thinking: give the task the answer without the thinking span (default true).
+        num_concurrent: requests in flight.
+        timeout, max_retries: per request.
+    """
+
+    is_simple = True
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8000/v1", model: str | None = None,
+                 enable_thinking: Any = False, max_new_tokens: Any = None, temperature: Any = None,
+                 top_p: Any = None, strip_thinking: Any = True, num_concurrent: Any = 1, timeout: Any = 600,
+                 max_retries: Any = 3, api_key: str | None = None, **kwargs: Any) -> None:
+        super().__init__()
+        self.base_url = str(base_url).rstrip("/")
+        self.enable_thinking = _as_bool(enable_thinking)
+        self.max_new_tokens = int(max_new_tokens) if max_new_tokens not in (None, "", "None") else None
+        self.temperature = float(temperature) if temperature not in (None, "", "None") else None
+        self.top_p = float(top_p) if top_p not in (None, "", "None") else None
+        self.strip_thinking = _as_bool(strip_thinking)
+        self.num_concurrent = max(1, int(num_concurrent))
+        self.timeout = float(timeout)
+        self.max_retries = max(1, int(max_retries))
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.model = model or self._first_model()
+
+    # ------------------------------------------------------------------ server
+    def _first_model(self) -> str:
+        url = f"{self.base_url}/models"
+        try:
+            status, body = http_json(url, timeout=min(self.timeout, 30.0), headers=self.headers)
+        except OSError as exc:
+            raise ServerUnreachable(f"apertus model: no server answers at {url} (model_args base_url="
+                                    f"{self.base_url}): {exc}") from exc
+        if status != 200 or not isinstance(body, dict) or not body.get("data"):
+            raise ServerUnreachable(f"apertus model: {url} answered {status} without a model list: {str(body)[:200]}")
+        return str(body["data"][0]["id"])
+
+    def _post(self, payload: dict[str, Any]) -> dict[str, Any]:
+        url = f"{self.base_url}/chat/completions"
+        last = ""
+        for attempt in range(self.max_retries):
+            try:
+                status, body = http_json(url, payload, timeout=self.timeout, headers=self.headers)
+            except OSError as exc:
+                last = f"no answer ({exc})"
+            else:
+                if status == 200 and isinstance(body, dict) and body.get("choices"):
+                    return body
+                last = f"HTTP {status}: {str(body)[:500]}"
+                if 400 <= status < 500:  # a bad request does not get better by repeating it
+                    break
+            if attempt + 1 < self.max_retries:
+                time.sleep(min(2.0 ** attempt, 10.0))
+        raise ServerUnreachable(f"apertus model: request to {url} (model {self.model}) failed after "
+                                f"{self.max_retries} attempt(s): {last}")
+
+    # ------------------------------------------------------------------ requests
+    def payload(self, context: str, visuals: Any, gen_kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The chat-completion request for one task request."""
+        gen = dict(gen_kwargs or {})
+        until = gen.get("until") or []
+        until = [until] if isinstance(until, str) else list(until)
+        stops = list(dict.fromkeys([*until, *stop_strings()]))
+        cap = self.max_new_tokens or int(gen.get("max_new_tokens") or gen.get("max_gen_toks") or DEFAULT_DECODING["max_new_tokens"])
+        # sampling: the model argument, else the protocol's thinking setting, else the task's (greedy by default)
+        if self.enable_thinking:
+            temperature, top_p = THINKING_DECODING["temperature"], THINKING_DECODING["top_p"]
+        else:
+            temperature, top_p = float(gen.get("temperature") or 0.0), gen.get("top_p")
+        temperature = self.temperature if self.temperature is not None else temperature
+        top_p = self.top_p if self.top_p is not None else top_p
+        content = [*media_parts(visuals), {"type": "text", "text": context}]
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": cap,
+            "temperature": temperature,
+            "stop": stops,
+            "skip_special_tokens": False,
+            "chat_template_kwargs": {"enable_thinking": self.enable_thinking},
+        }
+        if top_p is not None and float(top_p) != 1.0:
+            body["top_p"] = float(top_p)
+        return body
+
+    def _answer(self, body: dict[str, Any]) -> str:
+        message = body["choices"][0].get("message") or {}
+        text = message.get("content") or ""
+        return strip_thinking(text) if self.strip_thinking else text
+
+    def _one(self, request: Instance) -> str:
+        context, gen_kwargs, doc_to_visual, doc_id, task, split = request.args
+        visuals = doc_to_visual(self.task_dict[task][split][doc_id]) if doc_to_visual is not None else []
+        return self._answer(self._post(self.payload(context, visuals, gen_kwargs)))
+
+    def generate_until(self, requests: list[Instance]) -> list[str]:
+        from tqdm import tqdm
+
+        with ThreadPoolExecutor(max_workers=self.num_concurrent) as pool:
+            return list(tqdm(pool.map(self._one, requests), total=len(requests), desc="apertus",
+                             disable=self.rank != 0))
+
+    def loglikelihood(self, requests: list[Instance]) -> list[tuple[float, bool]]:
+        raise NotImplementedError("the apertus lmms-eval model runs generation tasks only (output_type generate_until)")
+
+    def generate_until_multi_round(self, requests: list[Instance]) -> list[str]:
+        raise NotImplementedError("the apertus lmms-eval model does not run multi-round tasks")

@@ -1,0 +1,224 @@
+"""The ``--apertus-*`` arguments, added to Megatron-LM's parser as an ``extra_args_provider``.
+
+:func:`add_apertus_args` has the signature Megatron expects (``parser -> parser``);
+:func:`chain_extra_args` combines it with a script's own provider; :func:`options_from_args` turns
+the parsed namespace into the core's configuration objects (:class:`ApertusOptions`). Nothing
+here imports Megatron.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from apertus_plugins.goldfish import VARIANTS
+from apertus_plugins.targets import Schedule, TargetConfig
+from apertus_plugins.vocab import VocabSpec
+
+from .errors import ApertusArgumentError
+
+__all__ = ["GROUP_TITLE", "add_apertus_args", "chain_extra_args", "ApertusOptions", "options_from_args",
+           "parse_modality_weight"]
+
+GROUP_TITLE = "apertus"
+
+Provider = Callable[[argparse.ArgumentParser], argparse.ArgumentParser]
+
+
+def add_apertus_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the Apertus argument group to Megatron's parser; returns the parser (``extra_args_provider``)."""
+    if any(getattr(g, "title", None) == GROUP_TITLE for g in parser._action_groups):
+        return parser  # added already (the provider may be chained twice)
+    g = parser.add_argument_group(GROUP_TITLE, "Apertus 1.5 (apertus-plugins): vocabulary, loss targets, "
+                                  "SFT data, optimizer")
+    g.add_argument("--apertus-tokenizer", default=None, metavar="DIR",
+                   help="tokenizer directory whose id layout (VocabSpec) the loss targets use; default: "
+                   "--tokenizer-model when it is a directory with tokenizer.json, else the released layout")
+    g.add_argument("--apertus-embedding-rows", type=int, default=None, metavar="N",
+                   help="rows of the input embedding and output layer (the released model: 266752); default: "
+                   "Megatron's padded vocabulary size")
+    # loss targets (SPEC.md 4.1)
+    g.add_argument("--apertus-targets", default="all", choices=("all", "text-only"),
+                   help="stage preset: all (stage 1, every modality predicted) or text-only (stage 2 on: content "
+                   "codes weigh 0, task-control markers excluded)")
+    g.add_argument("--apertus-modality-weight", action="append", default=[], metavar="NAME=W",
+                   help="loss weight of a modality (text, omni, image, audio), overriding the preset; W is a number "
+                   "or a schedule STEP:VALUE,STEP:VALUE,... (piecewise linear over iterations). Repeatable")
+    g.add_argument("--apertus-exclude-ids", type=int, nargs="+", default=[], metavar="ID",
+                   help="target ids that never count, on top of the preset's")
+    g.add_argument("--apertus-exclude-tokens", nargs="+", default=[], metavar="NAME",
+                   help="token names (e.g. stt_transcribe) excluded from the targets, on top of the preset's")
+    g.add_argument("--apertus-no-eod-exclusion", action="store_true",
+                   help="keep the label whose input is the end-of-document token (by default it is excluded)")
+    g.add_argument("--apertus-goldfish-k", type=int, default=0, metavar="K",
+                   help="Goldfish loss: drop about 1/K of the targets (0: off; Apertus: 50)")
+    g.add_argument("--apertus-goldfish-h", type=int, default=50, metavar="H", help="Goldfish window (Apertus: 50)")
+    g.add_argument("--apertus-goldfish-variant", default="hashtable", choices=VARIANTS,
+                   help="hashtable (bit-compatible with the public implementation) or order-sensitive")
+    g.add_argument("--apertus-goldfish-sft", action="store_true",
+                   help="apply Goldfish to SFT samples as well (default: pretraining samples only)")
+    # SFT data (SPEC.md 4.2)
+    g.add_argument("--apertus-sft-data", nargs="+", default=[], metavar="PREFIX",
+                   help="dataset prefixes (as given to --data-path and friends) that hold tokenized conversations: "
+                   "their samples are packed best-fit-decreasing and get the SFT loss mask")
+    g.add_argument("--apertus-sft-mask", default="derive", choices=("derive", "stored"),
+                   help="derive the SFT mask from the ids on the fly (default) or read the stored mask stream")
+    g.add_argument("--apertus-sft-mask-suffix", default=".mask", metavar="SUFFIX",
+                   help="the stored mask of PREFIX is the indexed dataset PREFIX+SUFFIX (one uint8 per token)")
+    g.add_argument("--apertus-sft-oversize", default="error", choices=("error", "split"),
+                   help="a conversation longer than --seq-length + 1: error (default) or split into pieces")
+    g.add_argument("--apertus-packed-sequences", action="store_true",
+                   help="deliver cu_seqlens for packed-sequence (THD) attention instead of relying on the "
+                   "attention mask for cross-document masking (needs Transformer Engine, micro batch 1)")
+    g.add_argument("--apertus-manifest", default=None, metavar="FILE",
+                   help="the stage's dataset manifest: every prefix of the blend must be listed and unchanged")
+    g.add_argument("--apertus-no-manifest-checksums", action="store_true",
+                   help="verify the manifest by sizes and counts only (skip the sha256)")
+    # model and optimizer (SPEC.md 5, 6)
+    g.add_argument("--apertus-optimizer", default="megatron", choices=("megatron", "ademamix"),
+                   help="ademamix: AdEMAMix in place of Adam (needs --optimizer adam; --adam-beta1/2, --adam-eps, "
+                   "--weight-decay apply)")
+    g.add_argument("--apertus-ademamix-beta3", type=float, default=0.9999, help="AdEMAMix beta3 (slow EMA)")
+    g.add_argument("--apertus-ademamix-alpha", type=float, default=8.0, help="AdEMAMix alpha")
+    g.add_argument("--apertus-ademamix-alpha-warmup", type=int, default=100_000, metavar="STEPS",
+                   help="AdEMAMix alpha warmup (0: none)")
+    g.add_argument("--apertus-ademamix-beta3-warmup", type=int, default=100_000, metavar="STEPS",
+                   help="AdEMAMix beta3 warmup (0: none)")
+    g.add_argument("--apertus-weight-decay-on", default="all", choices=("all", "megatron"),
+                   help="all: weight decay on every parameter, norm gains and xIELU scalars included (the Apertus "
+                   "recipe); megatron: upstream's rule (no decay on biases and 1-D parameters)")
+    g.add_argument("--apertus-allow-rope-change", action="store_true",
+                   help="allow RoPE settings that differ from the loaded checkpoint's (context extension)")
+    return parser
+
+
+def chain_extra_args(*providers: Provider | None) -> Provider:
+    """One ``extra_args_provider`` that applies each given one in order (``None`` entries skipped)."""
+    chain = [p for p in providers if p is not None]
+
+    def provider(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        for p in chain:
+            parser = p(parser)
+        return parser
+
+    return provider
+
+
+def parse_modality_weight(text: str) -> tuple[str, float | Schedule]:
+    """``"image=0"`` -> ``("image", 0.0)``; ``"image=0:1,1000:0"`` -> ``("image", Schedule(...))``."""
+    name, sep, value = text.partition("=")
+    if not sep or not name or not value:
+        raise ValueError(f"--apertus-modality-weight {text!r}: expected NAME=W or NAME=STEP:VALUE,...")
+    try:
+        if ":" in value:
+            points = []
+            for item in value.split(","):
+                step, _, v = item.partition(":")
+                points.append((float(step), float(v)))
+            return name, Schedule(tuple(points))
+        return name, float(value)
+    except ValueError as exc:
+        raise ValueError(f"--apertus-modality-weight {text!r}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class ApertusOptions:
+    """The parsed ``--apertus-*`` arguments as the core's objects."""
+
+    spec: VocabSpec
+    targets: TargetConfig
+    goldfish: dict[str, Any] | None
+    goldfish_sft: bool
+    sft_prefixes: tuple[str, ...]
+    sft_mask: str
+    sft_mask_suffix: str
+    sft_oversize: str
+    packed_sequences: bool
+    manifest: str | None
+    manifest_checksums: bool
+    embedding_rows: int | None
+    optimizer: str
+    ademamix: dict[str, Any] = field(default_factory=dict)
+    weight_decay_on: str = "all"
+    allow_rope_change: bool = False
+
+
+def _spec_from_args(args: argparse.Namespace) -> VocabSpec:
+    path = getattr(args, "apertus_tokenizer", None)
+    if path is None:
+        model = getattr(args, "tokenizer_model", None)
+        if model and (Path(model) / "tokenizer.json").is_file():
+            path = model
+    if path is None:
+        return VocabSpec()
+    if not (Path(path) / "tokenizer.json").is_file():
+        raise ValueError(f"--apertus-tokenizer {path}: no tokenizer.json there")
+    return VocabSpec.from_tokenizer_dir(path)
+
+
+def options_from_args(args: argparse.Namespace) -> ApertusOptions:
+    """Build :class:`ApertusOptions` from Megatron's parsed arguments (:class:`ApertusArgumentError` on bad input)."""
+    try:
+        return _options_from_args(args)
+    except ApertusArgumentError:
+        raise
+    except (ValueError, KeyError) as exc:
+        raise ApertusArgumentError(str(exc.args[0]) if isinstance(exc, KeyError) else str(exc)) from exc
+
+
+def _options_from_args(args: argparse.Namespace) -> ApertusOptions:
+    spec = _spec_from_args(args)
+    preset = TargetConfig.preset(args.apertus_targets, spec)
+    weights = dict(preset.modality_weights)
+    for item in args.apertus_modality_weight:
+        name, w = parse_modality_weight(item)
+        if name not in spec.modality_names:
+            raise ValueError(f"--apertus-modality-weight {item!r}: unknown modality {name!r}; this vocabulary has "
+                             f"{list(spec.modality_names)}")
+        weights[name] = w
+    for name in args.apertus_exclude_tokens:
+        try:
+            spec.id(name)
+        except KeyError as exc:
+            raise ValueError(f"--apertus-exclude-tokens: {exc.args[0]}") from exc
+    for i in args.apertus_exclude_ids:
+        if not 0 <= i < spec.size:
+            raise ValueError(f"--apertus-exclude-ids: id {i} outside the vocabulary 0..{spec.size - 1}")
+    targets = TargetConfig(
+        modality_weights=weights,
+        excluded_ids=tuple(preset.excluded_ids) + tuple(args.apertus_exclude_ids),
+        excluded_names=tuple(preset.excluded_names) + tuple(args.apertus_exclude_tokens),
+        end_of_document=None if args.apertus_no_eod_exclusion else preset.end_of_document,
+    )
+    goldfish = None
+    if args.apertus_goldfish_k > 0:
+        if args.apertus_goldfish_h < 1:
+            raise ValueError(f"--apertus-goldfish-h must be >= 1, got {args.apertus_goldfish_h}")
+        goldfish = {"k": args.apertus_goldfish_k, "h": args.apertus_goldfish_h,
+                    "variant": args.apertus_goldfish_variant}
+    if args.apertus_embedding_rows is not None:
+        spec.check_embedding(args.apertus_embedding_rows, "embedding (--apertus-embedding-rows)")
+    return ApertusOptions(
+        spec=spec,
+        targets=targets,
+        goldfish=goldfish,
+        goldfish_sft=bool(args.apertus_goldfish_sft),
+        sft_prefixes=tuple(os.path.normpath(p) for p in args.apertus_sft_data),
+        sft_mask=args.apertus_sft_mask,
+        sft_mask_suffix=args.apertus_sft_mask_suffix,
+        sft_oversize=args.apertus_sft_oversize,
+        packed_sequences=bool(args.apertus_packed_sequences),
+        manifest=args.apertus_manifest,
+        manifest_checksums=not args.apertus_no_manifest_checksums,
+        embedding_rows=args.apertus_embedding_rows,
+        optimizer=args.apertus_optimizer,
+        ademamix={"beta3": args.apertus_ademamix_beta3, "alpha": args.apertus_ademamix_alpha,
+                  "alpha_warmup": args.apertus_ademamix_alpha_warmup or None,
+                  "beta3_warmup": args.apertus_ademamix_beta3_warmup or None},
+        weight_decay_on=args.apertus_weight_decay_on,
+        allow_rope_change=bool(args.apertus_allow_rope_change),
+    )

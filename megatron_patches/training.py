@@ -1,0 +1,468 @@
+"""The batch, forward step, loss function, model provider and dataset provider of an Apertus run.
+
+These are what the launcher passes to Megatron-LM's ``pretrain`` in place of ``pretrain_gpt.py``'s
+own, with the same signatures:
+
+* :func:`forward_step` ``(data_iterator, model, return_schedule_plan=False)`` reads a batch with
+  :func:`get_batch` (which keeps the ``modality`` key upstream's drops) and returns the model's
+  per-token losses with :func:`loss_func` bound to the batch.
+* :func:`loss_func` weights each label by its keep mask (from the dataset: SFT mask, excluded ids,
+  end of document, Goldfish) times its modality's weight at the current iteration (a preset,
+  explicit weights or a schedule), and reports the combined loss (``lm loss``, the trained
+  objective) with each modality's own loss (``text loss``, ``image loss``, ...) beside it.
+* :func:`model_provider` builds the Apertus ``GPTModel`` (:mod:`megatron_patches.spec`).
+* :func:`train_valid_test_datasets_provider` builds :class:`~megatron_patches.dataset.ApertusDataset`
+  blends with megatron-core's ``BlendedMegatronDatasetBuilder``.
+* :func:`preflight` fails before training on a corrupt or mismatched ``.bin``/``.idx`` pair, a
+  prefix missing from the manifest, or a vocabulary that does not fit the embedding.
+
+``megatron.training`` (Megatron-LM) is imported only inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from functools import partial
+from typing import Any
+
+from megatron_patches.version import require_supported
+
+require_supported()
+
+import torch  # noqa: E402
+from megatron.core import parallel_state  # noqa: E402
+
+from apertus_plugins.indexed import IndexedDataset, IndexedDatasetError  # noqa: E402
+from apertus_plugins.manifest import verify_manifest  # noqa: E402
+from apertus_plugins.vocab import VocabSpec  # noqa: E402
+
+from .arguments import ApertusOptions, options_from_args  # noqa: E402
+from .errors import PreflightError  # noqa: E402
+
+__all__ = [
+    "BATCH_KEYS",
+    "NO_TOKENS",
+    "PreflightError",
+    "set_options",
+    "get_options",
+    "modality_weights",
+    "loss_func",
+    "get_batch",
+    "forward_step",
+    "model_provider",
+    "dataset_config_from_args",
+    "train_valid_test_datasets_provider",
+    "data_prefixes",
+    "preflight",
+]
+
+#: Per-token keys every batch carries (``[micro_batch, seq_length]``).
+BATCH_KEYS = ("tokens", "labels", "loss_mask", "modality", "position_ids")
+#: Added to each modality's token count in the report, so an iteration without labels of a
+#: modality logs 0 for it instead of 0/0.
+NO_TOKENS = 1e-8
+
+
+_OPTIONS: list[ApertusOptions] = []
+
+
+def set_options(options: ApertusOptions) -> None:
+    """Make ``options`` the run's Apertus options (the launcher does this after Megatron parses its arguments)."""
+    _OPTIONS[:] = [options]
+
+
+def get_options() -> ApertusOptions:
+    """The run's options; built from Megatron's parsed arguments on first use."""
+    if not _OPTIONS:
+        from megatron.training import get_args
+
+        set_options(options_from_args(get_args()))
+    return _OPTIONS[0]
+
+
+def modality_weights(options: ApertusOptions, step: float | None) -> torch.Tensor:
+    """float32 weight per modality (``spec.modality_names`` order) at iteration ``step``."""
+    return torch.from_numpy(options.targets.weights_at(options.spec, step))
+
+
+# ------------------------------------------------------------------------------------------ loss
+def loss_func(
+    loss_mask: torch.Tensor,
+    modality: torch.Tensor,
+    output_tensor: torch.Tensor,
+    *,
+    weights: torch.Tensor,
+    names: Sequence[str],
+    model: Any = None,
+    validate: Any = None,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """The Apertus loss of one micro-batch, in megatron-core's three-output form.
+
+    Args:
+        loss_mask: ``[b, s]`` keep mask of each label (1 = a target) from the dataset.
+        modality: ``[b, s]`` modality index of each label.
+        output_tensor: ``[b, s]`` per-token cross-entropy from ``GPTModel`` (given ``labels``).
+        weights: ``[M]`` loss weight of each modality at this iteration.
+        names: the ``M`` modality names (``spec.modality_names``).
+        model: unused (upstream's signature).
+        validate: optional ``callable(loss)`` for NaN/Inf/spike checks.
+
+    Returns:
+        ``(sum_j w_j * loss_j, number of labels with w_j > 0, report)`` where ``w_j`` is the keep
+        mask times the modality weight; Megatron divides the sum by the token count. The report
+        holds ``[sum, count]`` pairs: ``lm loss`` (the trained, weighted loss) and ``<modality>
+        loss`` for each modality (its unweighted mean loss over its kept labels).
+    """
+    losses = output_tensor.reshape(-1).float()
+    keep = loss_mask.reshape(-1).float()
+    mod = modality.reshape(-1).long()
+    w = keep * weights.to(device=losses.device, dtype=torch.float32)[mod]
+    loss = torch.sum(losses * w)
+    num_tokens = (w > 0).sum().to(torch.int)
+    report = {"lm loss": torch.stack([loss.detach(), num_tokens.detach().float()])}
+    for k, name in enumerate(names):
+        sel = keep * (mod == k)
+        report[f"{name} loss"] = torch.stack([torch.sum(losses.detach() * sel), sel.sum() + NO_TOKENS])
+    if validate is not None:
+        validate(loss)
+    return loss, num_tokens, report
+
+
+def _megatron_validate(loss: torch.Tensor) -> None:
+    """Upstream's checks of ``pretrain_gpt.loss_func``: NaN/Inf (fatal) and spiky loss, per the run's flags."""
+    from megatron.core.rerun_state_machine import get_rerun_state_machine
+    from megatron.training import get_args
+
+    args = get_args()
+    rsm = get_rerun_state_machine()
+    if getattr(args, "check_for_nan_in_loss_and_grad", False):
+        rsm.validate_result(result=loss, rejection_func=torch.isnan, message="found NaN in local forward loss "
+                            "calculation", tolerance=0.0, fatal=True)
+        rsm.validate_result(result=loss, rejection_func=torch.isinf, message="found Inf in local forward loss "
+                            "calculation", tolerance=0.0, fatal=True)
+    if getattr(args, "check_for_spiky_loss", False):
+        rsm.validate_result(result=loss, rejection_func=partial(rsm.is_unexpectedly_large, threshold=10,
+                                                                 context="loss"),
+                            message="Spiky loss", tolerance=0.0, fatal=False)
+
+
+# ------------------------------------------------------------------------------------------ batch
+def _device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def get_batch(
+    data_iterator: Iterator[dict[str, torch.Tensor]] | None,
+    *,
+    micro_batch_size: int,
+    seq_length: int,
+    attention_mask: bool,
+    packed_sequences: bool,
+    is_first_stage: bool = True,
+    is_last_stage: bool = True,
+    tp_group: Any = None,
+) -> dict[str, torch.Tensor | None]:
+    """One micro-batch as a dict of tensors on this rank's device, the same on every tensor-parallel rank.
+
+    The first rank of the tensor-parallel group reads ``data_iterator`` and broadcasts
+    :data:`BATCH_KEYS` (plus ``attention_mask`` / ``cu_seqlens`` and ``max_seqlen`` when used);
+    the others allocate and receive. Stages in the middle of a pipeline get only what attention
+    needs (``attention_mask``, ``cu_seqlens``), as their layers still separate documents.
+    """
+    dev = _device()
+    tp_group = tp_group if tp_group is not None else parallel_state.get_tensor_model_parallel_group()
+    tp_size = torch.distributed.get_world_size(tp_group) if tp_group is not None else 1
+    tp_rank = torch.distributed.get_rank(tp_group) if tp_group is not None else 0
+    src = torch.distributed.get_global_rank(tp_group, 0) if tp_size > 1 else 0
+    ends = is_first_stage or is_last_stage
+    keys = [k for k in BATCH_KEYS if ends]
+    if attention_mask:
+        keys.append("attention_mask")
+    batch: dict[str, torch.Tensor | None] = {k: None for k in (*BATCH_KEYS, "attention_mask", "cu_seqlens",
+                                                                "max_seqlen")}
+    if tp_rank == 0:
+        if data_iterator is None:
+            raise RuntimeError("get_batch: this rank has no data iterator")
+        data = next(data_iterator)
+        for k in keys + (["cu_seqlens", "max_seqlen"] if packed_sequences else []):
+            if k not in data:
+                raise KeyError(f"the batch has no {k!r}: build the data with megatron_patches.dataset.ApertusDataset")
+            batch[k] = data[k].to(dev, non_blocking=True)
+    if tp_size > 1:
+        shapes = {"attention_mask": (micro_batch_size, 1, seq_length, seq_length)}
+        dtypes = {"loss_mask": torch.float32, "attention_mask": torch.bool}
+        for k in keys:
+            if tp_rank != 0:
+                batch[k] = torch.empty(shapes.get(k, (micro_batch_size, seq_length)),
+                                       dtype=dtypes.get(k, torch.int64), device=dev)
+            torch.distributed.broadcast(batch[k], src, group=tp_group)
+        if packed_sequences:
+            n = torch.tensor([0 if tp_rank else batch["cu_seqlens"].numel()], dtype=torch.int64, device=dev)
+            torch.distributed.broadcast(n, src, group=tp_group)
+            if tp_rank != 0:
+                batch["cu_seqlens"] = torch.empty((1, int(n.item())), dtype=torch.int32, device=dev)
+                batch["max_seqlen"] = torch.empty((1,), dtype=torch.int32, device=dev)
+            torch.distributed.broadcast(batch["cu_seqlens"], src, group=tp_group)
+            torch.distributed.broadcast(batch["max_seqlen"], src, group=tp_group)
+    return batch
+
+
+def _packed_seq_params(batch: dict[str, Any]) -> Any:
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    cu = batch["cu_seqlens"]
+    if cu.dim() == 2:
+        if cu.shape[0] != 1:
+            raise ValueError("--apertus-packed-sequences needs --micro-batch-size 1")
+        cu = cu[0]
+    max_len = int(batch["max_seqlen"].reshape(-1)[0].item())
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=max_len,
+                           max_seqlen_kv=max_len)
+
+
+def forward_step(data_iterator: Iterator[dict[str, torch.Tensor]] | None, model: Any,
+                 return_schedule_plan: bool = False) -> tuple[Any, Any]:
+    """Megatron's forward step for Apertus: the batch, the model's per-token losses, :func:`loss_func` bound."""
+    from megatron.core.utils import get_attr_wrapped_model
+    from megatron.training import get_args, get_timers
+
+    args = get_args()
+    options = get_options()
+    timers = get_timers()
+    timers("batch-generator", log_level=2).start()
+    vp_stage = get_attr_wrapped_model(model, "vp_stage")
+    first = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
+    last = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
+    batch = get_batch(data_iterator, micro_batch_size=args.micro_batch_size, seq_length=args.seq_length,
+                      attention_mask=bool(args.create_attention_mask_in_dataloader),
+                      packed_sequences=options.packed_sequences, is_first_stage=first, is_last_stage=last)
+    packed = None
+    if options.packed_sequences:
+        if parallel_state.get_context_parallel_world_size() > 1:
+            raise NotImplementedError("--apertus-packed-sequences with context parallelism is not supported yet")
+        packed = _packed_seq_params(batch)
+    elif parallel_state.get_context_parallel_world_size() > 1:
+        from megatron.core.utils import get_batch_on_this_cp_rank
+
+        batch = get_batch_on_this_cp_rank(batch)
+    timers("batch-generator").stop()
+    if return_schedule_plan:
+        raise NotImplementedError("apertus-megatron does not support --overlap-moe-expert-parallel-comm")
+    output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"],
+                   loss_mask=batch["loss_mask"], packed_seq_params=packed)
+    step = getattr(args, "curr_iteration", None)
+    weights = modality_weights(options, step if step is not None else getattr(args, "iteration", 0))
+    return output, partial(loss_func, batch["loss_mask"], batch["modality"], weights=weights,
+                           names=options.spec.modality_names, model=model, validate=_megatron_validate)
+
+
+# ------------------------------------------------------------------------------------------ model
+def embedding_rows(args: Any, options: ApertusOptions) -> int:
+    """Rows of the embedding and output layer: ``--apertus-embedding-rows`` or Megatron's padded vocabulary."""
+    rows = options.embedding_rows or getattr(args, "padded_vocab_size", None)
+    if rows is None:
+        raise PreflightError("the embedding size is unknown: Megatron set no padded_vocab_size; pass "
+                             "--apertus-embedding-rows")
+    return int(rows)
+
+
+def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage: int | None = None,
+                   config: Any = None, pg_collection: Any = None) -> Any:
+    """Megatron's model provider for Apertus (runs :func:`preflight` first, once)."""
+    from megatron.training import get_args
+    from megatron.training.arguments import core_transformer_config_from_args
+
+    from .spec import build_gpt_model
+
+    args = get_args()
+    options = get_options()
+    preflight_from_args(args, options)
+    rows = embedding_rows(args, options)
+    args.padded_vocab_size = rows
+    if config is None:
+        config = core_transformer_config_from_args(args)
+    kwargs: dict[str, Any] = {"vp_stage": vp_stage}
+    if pg_collection is not None:
+        kwargs["pg_collection"] = pg_collection
+    return build_gpt_model(
+        config, vocab_size=rows, max_sequence_length=args.max_position_embeddings, rotary_base=args.rotary_base,
+        rope_scaling=bool(args.use_rope_scaling), rope_scaling_factor=float(args.rope_scaling_factor),
+        use_transformer_engine=args.transformer_impl == "transformer_engine", pre_process=pre_process,
+        post_process=post_process, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------ data
+def dataset_config_from_args(args: Any, options: ApertusOptions, tokenizer: Any) -> Any:
+    """An :class:`~megatron_patches.dataset.ApertusDatasetConfig` from Megatron's data arguments."""
+    from megatron.training.utils import get_blend_and_blend_per_split
+
+    from .dataset import ApertusDatasetConfig
+
+    blend, blend_per_split = get_blend_and_blend_per_split(args)
+    values = {
+        "random_seed": args.seed,
+        "sequence_length": args.seq_length,
+        "blend": blend,
+        "blend_per_split": blend_per_split,
+        "split": args.split,
+        "multiple_validation_sets": getattr(args, "multiple_validation_sets", None),
+        "full_validation": getattr(args, "full_validation", None),
+        "num_dataset_builder_threads": getattr(args, "num_dataset_builder_threads", 1),
+        "path_to_cache": args.data_cache_path,
+        "mmap_bin_files": args.mmap_bin_files,
+        "tokenizer": tokenizer,
+        "create_attention_mask": bool(args.create_attention_mask_in_dataloader),
+        "mid_level_dataset_surplus": getattr(args, "mid_level_dataset_surplus", 0.005),
+        "object_storage_cache_path": getattr(args, "object_storage_cache_path", None),
+        "context_parallel_size": getattr(args, "context_parallel_size", 1),
+        "data_parallel_size": getattr(args, "data_parallel_size", 1),
+    }
+    fields = {f.name for f in dataclasses.fields(ApertusDatasetConfig) if f.init}
+    return ApertusDatasetConfig(**{k: v for k, v in values.items() if k in fields}, apertus=options)
+
+
+def train_valid_test_datasets_provider(train_val_test_num_samples: list[int], vp_stage: int | None = None) -> Any:
+    """Megatron's dataset provider: ``ApertusDataset`` blends from ``--data-path`` and friends."""
+    from megatron.training import get_args, get_tokenizer, print_rank_0
+
+    from .dataset import build_datasets
+
+    args = get_args()
+    options = get_options()
+    config = dataset_config_from_args(args, options, get_tokenizer())
+    needs_all_stages = options.packed_sequences or bool(args.create_attention_mask_in_dataloader)
+
+    def is_built_on_rank() -> bool:
+        if parallel_state.get_tensor_model_parallel_rank() != 0:
+            return False
+        if needs_all_stages:
+            return True
+        return parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage) or \
+            parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
+
+    print_rank_0("> building Apertus train, validation and test datasets ...")
+    datasets = build_datasets(config, train_val_test_num_samples, is_built_on_rank)
+    print_rank_0("> finished creating Apertus datasets")
+    return datasets
+
+
+train_valid_test_datasets_provider.is_distributed = True  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------------------------------ preflight
+def data_prefixes(blend: Any, blend_per_split: Any) -> list[str]:
+    """Every prefix of a megatron-core blend (``(prefixes, weights)``) and per-split blends, in order, once."""
+    out: list[str] = []
+    blends = [blend] + list(blend_per_split or [])
+    for b in blends:
+        if not b:
+            continue
+        for p in b[0]:
+            if p not in out:
+                out.append(p)
+    return out
+
+
+def preflight(options: ApertusOptions, prefixes: Iterable[str], *, embedding_rows: int,
+              spec: VocabSpec | None = None) -> None:
+    """Check a run's data and vocabulary before training; raise :class:`PreflightError` naming each problem.
+
+    * the vocabulary fits the embedding (``VocabSpec.check_embedding``);
+    * every ``--apertus-sft-data`` prefix is part of the blend;
+    * every ``.bin``/``.idx`` pair (and stored SFT mask stream) reads consistently;
+    * with ``--apertus-manifest``: the blend (with the mask streams) is exactly the manifest's list,
+      with unchanged sizes, counts and checksums.
+    """
+    spec = spec or options.spec
+    prefixes = [os.path.normpath(p) for p in prefixes]
+    problems: list[str] = []
+    try:
+        spec.check_embedding(embedding_rows, "embedding")
+    except ValueError as exc:
+        problems.append(f"vocabulary: {exc}")
+    for p in options.sft_prefixes:
+        if p not in prefixes:
+            problems.append(f"--apertus-sft-data {p}: not one of the run's data prefixes {prefixes}")
+    checked = list(prefixes)
+    if options.sft_mask == "stored":
+        checked += [p + options.sft_mask_suffix for p in options.sft_prefixes if p in prefixes]
+    for p in checked:
+        try:
+            ds = IndexedDataset(p)
+        except (IndexedDatasetError, OSError) as exc:
+            problems.append(f"{p}: {exc}")
+            continue
+        if p in prefixes and ds.num_tokens == 0:
+            problems.append(f"{p}: the dataset holds no tokens")
+    if options.sft_mask == "stored":
+        for p in options.sft_prefixes:
+            if p not in prefixes:
+                continue
+            try:
+                a, b = IndexedDataset(p), IndexedDataset(p + options.sft_mask_suffix)
+            except (IndexedDatasetError, OSError):
+                continue  # reported above
+            if a.sequence_lengths.tolist() != b.sequence_lengths.tolist():
+                problems.append(f"{p}{options.sft_mask_suffix}: the mask stream's sequence lengths differ from "
+                                f"{p}'s")
+    if options.manifest is not None:
+        try:
+            verify_manifest(options.manifest, checked, checksums=options.manifest_checksums)
+        except ValueError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise PreflightError("the run cannot start:\n  " + "\n  ".join(problems))
+
+
+_PREFLIGHT_DONE: list[bool] = []
+
+
+def preflight_from_args(args: Any, options: ApertusOptions) -> None:
+    """:func:`preflight` with the prefixes and embedding size of Megatron's parsed arguments (once per process)."""
+    if _PREFLIGHT_DONE:
+        return
+    from megatron.training.utils import get_blend_and_blend_per_split
+
+    if getattr(args, "mock_data", False):
+        prefixes: list[str] = []
+    else:
+        prefixes = data_prefixes(*get_blend_and_blend_per_split(args))
+    problems = cross_document_problems(args, options)
+    if problems:
+        raise PreflightError("documents would attend to each other:\n  " + "\n  ".join(problems))
+    load = getattr(args, "load", None) or getattr(args, "pretrained_checkpoint", None)
+    if load and not options.allow_rope_change:
+        from .checkpoint import read_checkpoint_args, rope_differences
+
+        saved = read_checkpoint_args(load)
+        changed = rope_differences(saved, args) if saved is not None else []
+        if changed:
+            raise PreflightError(f"{load}: the RoPE settings differ from the checkpoint's ({'; '.join(changed)}); "
+                                 "pass the checkpoint's values, or --apertus-allow-rope-change for a deliberate "
+                                 "change (context extension)")
+    preflight(options, prefixes, embedding_rows=embedding_rows(args, options))
+    _PREFLIGHT_DONE.append(True)
+
+
+def cross_document_problems(args: Any, options: ApertusOptions) -> list[str]:
+    """Settings under which the attention would ignore the document boundaries of packed samples.
+
+    Cross-document masking needs either packed sequences (``cu_seqlens``, Transformer Engine) or
+    the dataloader's attention mask reaching an attention that applies it: Transformer Engine's
+    causal attention and megatron-core's fused causal softmax ignore an explicit mask.
+    """
+    if options.packed_sequences:
+        if getattr(args, "micro_batch_size", 1) != 1:
+            return ["--apertus-packed-sequences needs --micro-batch-size 1"]
+        return []
+    problems = []
+    if not getattr(args, "create_attention_mask_in_dataloader", True):
+        problems.append("--no-create-attention-mask-in-dataloader: pass --apertus-packed-sequences instead")
+    if getattr(args, "transformer_impl", "local") == "transformer_engine":
+        problems.append("Transformer Engine's causal attention ignores the attention mask: pass "
+                        "--apertus-packed-sequences (cu_seqlens) or --transformer-impl local")
+    elif getattr(args, "masked_softmax_fusion", False):
+        problems.append("the fused causal softmax ignores the attention mask: pass --no-masked-softmax-fusion")
+    return problems

@@ -1,0 +1,79 @@
+"""Small local copies of the image and audio datasets (tiny PNGs and WAVs, made here).
+
+Each in its upstream dataset's layout and fields, as JSON lines with media paths relative to
+the file, so the wrapped lmms-eval tasks read them like their hub datasets.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _png(path: Path, seed: int) -> str:
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 255, (40, 56, 3), dtype=np.uint8)).save(path)
+    return path.name
+
+
+def _wav(path: Path, seconds: float, rate: int, seed: int) -> str:
+    import soundfile as sf
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    t = np.arange(int(seconds * rate)) / rate
+    tone = 0.3 * np.sin(2 * np.pi * (220 + 40 * seed) * t)
+    sf.write(path, tone.astype(np.float32), rate)
+    return path.name
+
+
+def _jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+
+
+def write_media_fixtures(root: Path) -> Path:
+    """Write the lmms-eval tasks' local data under ``root`` (the ``APERTUS_EVAL_DATA`` folder)."""
+    d = root / "chartqa"
+    _jsonl(d / "test.jsonl", [
+        {"image": "img/" + _png(d / "img" / "c0.png", 0), "question": "What is the highest bar?", "answer": "12",
+         "type": "human_test"},
+        {"image": "img/" + _png(d / "img" / "c1.png", 1), "question": "Which year?", "answer": "2020",
+         "type": "augmented_test"}])
+    d = root / "ai2d"
+    _jsonl(d / "test.jsonl", [
+        {"image": "img/" + _png(d / "img" / "a0.png", 2), "question": "Which organism is a producer?",
+         "options": ["fox", "grass", "hawk", "snake"], "answer": "1"},
+        {"image": "img/" + _png(d / "img" / "a1.png", 3), "question": "What does the arrow show?",
+         "options": ["energy flow", "water"], "answer": "0"}])
+    d = root / "docvqa" / "DocVQA"
+    _jsonl(d / "validation.jsonl", [
+        {"image": "img/" + _png(d / "img" / "d0.png", 4), "question": "What is the date?", "answers": ["1 May 2020"],
+         "questionId": 1, "docId": 7, "question_types": ["form"]}])
+    d = root / "gqa"
+    _jsonl(d / "testdev_balanced_images" / "testdev.jsonl", [
+        {"id": "g1", "image": "img/" + _png(d / "testdev_balanced_images" / "img" / "g1.png", 5)}])
+    _jsonl(d / "testdev_balanced_instructions" / "testdev.jsonl", [
+        {"id": "q1", "imageId": "g1", "question": "Is the sky blue?", "answer": "yes", "fullAnswer": "Yes."}])
+    d = root / "librispeech" / "librispeech_test_clean"
+    _jsonl(d / "librispeech_test_clean.jsonl", [
+        {"audio": "wav/" + _wav(d / "wav" / "l0.wav", 0.4, 16000, 0), "gt": "hello world",
+         "source": "librispeech_test_clean", "task": "asr_en"}])
+    d = root / "fleurs" / "en_us"
+    _jsonl(d / "test.jsonl", [
+        {"audio": "wav/" + _wav(d / "wav" / "f0.wav", 0.3, 16000, 1), "transcription": "good morning",
+         "path": "f0.wav", "language": "English"}])
+    d = root / "tedlium" / "tedlium_long_form"
+    _jsonl(d / "val.jsonl", [
+        {"audio": "wav/" + _wav(d / "wav" / "t0.wav", 0.5, 16000, 2), "gt": "a long talk about science",
+         "source": "tedlium", "task": "asr_en"}])
+    d = root / "vocalsound"
+    _jsonl(d / "test.jsonl", [
+        {"audio": "wav/" + _wav(d / "wav" / "v0.wav", 0.25, 44100, 3), "answer": "Laughter", "age_group": "adult",
+         "spk_id": "s1"}])
+    return root

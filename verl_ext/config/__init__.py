@@ -1,0 +1,1 @@
+"""Hydra configs of the Apertus stages (``--config-path=pkg://verl_ext/config``)."""

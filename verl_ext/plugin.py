@@ -1,0 +1,54 @@
+"""The ``verl.plugins`` entry point: verl imports this module in every process (``import verl``).
+
+It checks the verl version, then registers with verl's own registries:
+
+* the reward manager ``apertus`` (``reward.reward_manager.name=apertus``);
+* the trainers ``apertus_sdpo`` and ``apertus_online_dpo`` (``trainer.v1.trainer_mode``).
+
+The RLVR preset needs nothing registered: it selects verl's RLOO, group filtering and GMPO
+(``geo_mean``) by name. verl swallows exceptions raised by plugins, so failures are logged
+here as warnings that name the cause. Registration is idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger("verl_ext")
+
+SUPPORTED = (0, 9)  #: verl 0.9.x
+REGISTERED: dict[str, list[str]] = {"reward_managers": [], "trainers": []}
+
+
+def check_version(version: str) -> None:
+    """Fail with a clear message unless ``version`` is in the supported range (0.9.x)."""
+    parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    if parts[:2] != SUPPORTED:
+        raise RuntimeError(f"apertus-plugins' verl adapter supports verl >=0.9,<0.10; found verl {version}")
+
+
+def register() -> dict[str, list[str]]:
+    import verl
+
+    check_version(getattr(verl, "__version__", "0"))
+    from .rewards import register_reward_manager
+
+    register_reward_manager()
+    if "apertus" not in REGISTERED["reward_managers"]:
+        REGISTERED["reward_managers"].append("apertus")
+    try:
+        from . import trainers  # noqa: F401  (registers through verl's register_trainer)
+    except ImportError as exc:  # the v1 trainer needs transfer_queue
+        logger.warning("apertus trainers not registered: %s", exc)
+    else:
+        for name in ("apertus_sdpo", "apertus_online_dpo"):
+            if name not in REGISTERED["trainers"]:
+                REGISTERED["trainers"].append(name)
+    return REGISTERED
+
+
+try:
+    register()
+except Exception as exc:  # noqa: BLE001 - verl would hide it; say it loudly instead
+    logger.warning("apertus verl plugin not loaded: %s", exc)
+    raise
