@@ -19,7 +19,7 @@ The encoders here are the tiny test configuration, so the encode rates measure t
 own overhead (decode, batching, shards, checkpoints), not a production encoder. Run in the
 ``megatron`` environment::
 
-    python benchmarks/bench_offline.py [--images 96] [--clips 32]
+    python benchmarks/bench_offline.py [--images 96] [--clips 32] [--repeat 2]
 """
 
 from __future__ import annotations
@@ -116,50 +116,57 @@ print(len(files))
 """
 
 
-def bench_bare(root: Path, ckpt: Path) -> float:
-    """Items per second of the same work without the pipeline: one fresh process that decodes, preprocesses
-    and encodes every item in shape-grouped batches, nothing written (process start and imports included)."""
+def bare_wall(root: Path, ckpt: Path) -> float:
+    """Seconds of the same work without the pipeline: one fresh process decodes, preprocesses and encodes
+    every item in shape-grouped batches and writes nothing (process start and imports included)."""
     t = time.perf_counter()
     res = subprocess.run([sys.executable, "-c", BARE, str(root), str(ckpt)], capture_output=True, text=True)
-    wall = time.perf_counter() - t
     if res.returncode:
         raise SystemExit(res.stderr)
-    rate = int(res.stdout.strip()) / wall
-    print(f"bare decode+encode     {rate:10.2f} items/s   (a fresh process, imports included, nothing written; "
-          f"{wall:.1f} s)")
-    return rate
+    return time.perf_counter() - t
 
 
-def bench_run(root: Path, ckpt: Path, bare: float) -> None:
+def bench_run(root: Path, ckpt: Path, repeat: int) -> None:
+    """Best of ``repeat`` interleaved rounds (the machine may be shared: the minimum is the least disturbed)."""
     base = ["pretrain", str(root / "img"), str(root / "aud"), "--tokenizer", str(ckpt), "--checkpoint", str(ckpt),
             "--batch-size", "16", "--no-progress"]
-    results = {}
+    n = len(list((root / "img").iterdir())) + len(list((root / "aud").iterdir()))
+    best: dict[object, float] = {}
+    runs: dict[int, dict] = {}
+    for r in range(repeat):
+        best["bare"] = min(best.get("bare", float("inf")), bare_wall(root, ckpt))
+        for workers in (0, 1, 2):
+            out = root / f"out-w{workers}-{r}" / "data"
+            _, wall = run_cli([*base, "--out", str(out), "--workers", str(workers)])
+            if wall < best.get(workers, float("inf")):
+                best[workers] = wall
+                runs[workers] = {"out": out, **json.loads(Path(f"{out}.report.json").read_text())["run"]}
+    bare = n / best["bare"]
+    print(f"bare decode+encode     {bare:10.2f} items/s   (a fresh process, imports included, nothing written; "
+          f"{best['bare']:.1f} s)")
     for workers in (0, 1, 2):
-        out = root / f"out-w{workers}" / "data"
-        _, wall = run_cli([*base, "--out", str(out), "--workers", str(workers)])
-        report = json.loads(Path(f"{out}.report.json").read_text())
-        r = report["run"]
-        docs = report["items"]["written"]
-        results[workers] = (out, wall)
-        print(f"pipeline, workers {workers}: whole command {docs / wall:6.2f} items/s ({wall:5.1f} s, {docs / wall / bare:.2f}x "
-              f"bare), encode stage {r['items_per_s']:6.2f} items/s, merge {docs / max(r['merge_s'], 1e-9):8.0f} docs/s")
-    same = all(Path(f"{results[w][0]}.bin").read_bytes() == Path(f"{results[0][0]}.bin").read_bytes() for w in (1, 2))
+        r, wall = runs[workers], best[workers]
+        print(f"pipeline, workers {workers}: whole command {n / wall:6.2f} items/s ({wall:5.1f} s, {n / wall / bare:.2f}x "
+              f"bare), encode stage {r['items_per_s']:6.2f} items/s, merge {n / max(r['merge_s'], 1e-9):8.0f} docs/s")
+    first = Path(f"{runs[0]['out']}.bin").read_bytes()
+    same = all(Path(f"{runs[w]['out']}.bin").read_bytes() == first for w in (1, 2))
     print(f"outputs identical across worker counts: {same}")
     out = root / "out-resume" / "data"
-    batches = json.loads(Path(f"{results[2][0]}.report.json").read_text())["run"]["batches"]
+    batches = runs[2]["batches"]
     total = 0.0
     for env in ({"APERTUS_TOKENIZE_FAULT": f"batch-done:{batches // 2}"}, None):
         _, wall = run_cli([*base, "--out", str(out), "--workers", "2"], env)
         total += wall
-    same = Path(f"{out}.bin").read_bytes() == Path(f"{results[0][0]}.bin").read_bytes()
-    print(f"killed after batch {batches // 2} of {batches}, then resumed: {total:5.1f} s in all vs {results[2][1]:5.1f} s "
-          f"uninterrupted ({total / results[2][1]:.2f}x); identical: {same}")
+    same = Path(f"{out}.bin").read_bytes() == first
+    print(f"killed after batch {batches // 2} of {batches}, then resumed: {total:5.1f} s in all vs {best[2]:5.1f} s "
+          f"uninterrupted (best of {repeat}); identical: {same}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=96)
     ap.add_argument("--clips", type=int, default=32)
+    ap.add_argument("--repeat", type=int, default=2, help="rounds of the pipeline runs; the best is printed")
     args = ap.parse_args()
     from apertus_plugins.checkpoint import write_checkpoint
 
@@ -170,7 +177,7 @@ def main() -> None:
         print(f"{args.images} JPEG images ({len(SIZES)} sizes up to 384x512), {args.clips} WAV clips (1-4 s, "
               f"{len(RATES)} rates), tiny random encoders, {os.cpu_count()} CPUs")
         bench_plan(root / "in")
-        bench_run(root / "in", ckpt, bench_bare(root / "in", ckpt))
+        bench_run(root / "in", ckpt, args.repeat)
 
 
 if __name__ == "__main__":

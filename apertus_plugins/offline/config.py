@@ -152,7 +152,16 @@ class TokenizeConfig:
         return out
 
     def prefix(self, stream: Stream) -> str:
-        return f"{self.out}{stream.suffix}"
+        """The stream's dataset prefix, normalized as Megatron's preflight compares prefixes."""
+        return os.path.normpath(f"{self.out}{stream.suffix}")
+
+    def manifests(self) -> dict[str, list[Stream]]:
+        """Manifest file -> the streams it lists: each token dataset with its mask stream (used together)."""
+        out: dict[str, list[Stream]] = {}
+        for s in self.streams():
+            base = s.suffix.removesuffix(".mask")
+            out.setdefault(os.path.normpath(f"{self.out}{base}") + ".manifest.json", []).append(s)
+        return out
 
     @property
     def report_path(self) -> Path:

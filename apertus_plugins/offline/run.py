@@ -4,10 +4,10 @@ Layout on disk for ``--out OUT``::
 
     OUT.bin, OUT.idx                 the merged dataset (int32 ids, one sequence per document)
     OUT.manifest.json                the core's manifest of OUT, with how it was made under "metadata"
-    OUT.mask.bin/.idx                sft, --mask-stream: the token-aligned loss mask (uint8)
+    OUT.mask.bin/.idx                sft, --mask-stream: the token-aligned loss mask (uint8), in OUT's manifest
     OUT.noreason.bin/.idx            sft, --without-reasoning: the copy without reasoning spans
     OUT.noreason.mask.bin/.idx       both of the above
-    OUT.*.manifest.json              one manifest per extra dataset
+    OUT.noreason.manifest.json       the copy's manifest (with its mask stream)
     OUT.report.json                  the summary report (items written, skipped with reasons, tokens)
     OUT.work/                        while running (removed after success unless --keep-work):
         lock                         held by the running driver (flock)
@@ -390,8 +390,8 @@ def _complete(cfg: TokenizeConfig) -> dict[str, Any] | None:
             raise RunError(f"{cfg.out}: its inputs changed since it was written; pass --restart to redo it")
         return None
     try:
-        for s in cfg.streams():
-            verify_manifest(f"{cfg.prefix(s)}.manifest.json", [cfg.prefix(s)], checksums=False)
+        for path, streams in cfg.manifests().items():
+            verify_manifest(path, [cfg.prefix(s) for s in streams], checksums=False)
     except ManifestError:
         return None
     return report
@@ -445,9 +445,9 @@ def tokenize(cfg: TokenizeConfig, out: Any = None) -> dict[str, Any]:
         _merge(cfg, plan, records)
         merge_s = time.perf_counter() - t1
         _check_layout(cfg, spec)
-        for s in cfg.streams():
-            write_manifest([cfg.prefix(s)], f"{cfg.prefix(s)}.manifest.json",
-                           metadata={cfg.prefix(s): _metadata(cfg, s.suffix, spec)})
+        for path, streams in cfg.manifests().items():
+            write_manifest([cfg.prefix(s) for s in streams], path,
+                           metadata={cfg.prefix(s): _metadata(cfg, s.suffix, spec) for s in streams})
         timing = {
             "plan_s": round(plan_s, 3), "encode_s": round(encode_s, 3), "merge_s": round(merge_s, 3),
             "items_per_s": round(new_items / encode_s, 2) if encode_s > 0 and new_items else 0.0,

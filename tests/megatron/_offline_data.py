@@ -278,8 +278,9 @@ def outputs(prefix: Path, suffixes: tuple[str, ...] = ("",)) -> dict[str, object
         p = f"{prefix}{s}"
         for ext in (".bin", ".idx"):
             got[s + ext] = Path(p + ext).read_bytes()
-        manifest = json.loads(Path(p + ".manifest.json").read_text(encoding="utf-8"))
-        got[s + ".manifest"] = [{k: v for k, v in e.items() if k != "prefix"} for e in manifest["datasets"]]
+        if not s.endswith(".mask"):  # a mask stream is listed in its token dataset's manifest
+            manifest = json.loads(Path(p + ".manifest.json").read_text(encoding="utf-8"))
+            got[s + ".manifest"] = [{k: v for k, v in e.items() if k != "prefix"} for e in manifest["datasets"]]
     return got
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _offline_data import SFT_SUFFIXES, cli, reference, workspace
+from _offline_data import cli, reference, workspace
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -137,6 +137,33 @@ def test_inference_layout(tmp_path: Path, encoders: tuple) -> None:
     assert meta["image_layout"] == "inference"
 
 
+def test_audio_tasks_and_captions_before(tmp_path: Path, encoders: tuple) -> None:
+    import io
+
+    from apertus_plugins.encoders import audio_ids
+
+    ws = workspace()
+    chat = ChatTokenizer(ws.tokenizer)
+    spec = chat.spec
+    cfg = TokenizeConfig("pretrain", [str(ws.folder / "aud")], out=str(tmp_path / "a"), tokenizer=str(ws.tokenizer),
+                         checkpoint=str(ws.checkpoint), audio_task="translate", bos=False, eos=False, workers=0,
+                         progress=False)
+    report = tokenize(cfg, out=io.StringIO())
+    assert report["items"] == {"total": 4, "written": 1, "skipped": 3}
+    assert report["skipped_by_reason"] == {"no transcript": 3}
+    (doc,) = [IndexedDataset(tmp_path / "a").document(0)]
+    codes = audio_ids(encoders[1], ws.folder / "aud" / "b.wav", spec)
+    want = np.concatenate([codes, [spec.id("stt_translate")], chat.text_ids("the transcript of clip b")])
+    assert doc.tolist() == want.tolist()  # no BOS/EOS with --no-bos/--no-eos
+    cfg = TokenizeConfig("pretrain", [str(ws.folder / "img" / "03.png")], out=str(tmp_path / "c"),
+                         tokenizer=str(ws.tokenizer), checkpoint=str(ws.checkpoint), captions="before", workers=0,
+                         progress=False)
+    tokenize(cfg, out=io.StringIO())
+    doc = IndexedDataset(tmp_path / "c").document(0)
+    caption = chat.text_ids("a caption for image three")
+    assert doc[1 : 1 + len(caption)].tolist() == caption and doc[1 + len(caption)] == spec.id("img_start")
+
+
 def _expected_sft(encoders: tuple) -> tuple[list[np.ndarray], list[np.ndarray]]:
     from apertus_plugins.encoders import audio_ids, image_ids
     from apertus_plugins.offline.sources import parse_record
@@ -208,9 +235,10 @@ def test_sft_outputs(encoders: tuple) -> None:
                        "unsupported sample format"}
     broken = next(s for s in report["skipped"] if s["reason"] == "unreadable image")
     assert "broken.jpg" in broken["detail"] and "conv.jsonl:5" in broken["source"]
-    for s in SFT_SUFFIXES:
-        m = verify_manifest(f"{prefix}{s}.manifest.json", [f"{prefix}{s}"])
-        assert m["datasets"][0]["metadata"]["reasoning"] == ("removed" if "noreason" in s else "kept")
+    for s in ("", ".noreason"):
+        m = verify_manifest(f"{prefix}{s}.manifest.json", [f"{prefix}{s}", f"{prefix}{s}.mask"])
+        assert [e["metadata"]["reasoning"] for e in m["datasets"]] == ["removed" if s else "kept"] * 2
+        assert [e["metadata"]["dtype"] for e in m["datasets"]] == ["int32", "uint8"]
 
 
 def test_finished_run_is_recognised_and_changed_settings_refused(tmp_path: Path) -> None:
@@ -246,3 +274,49 @@ def test_media_without_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
     res = cli(["pretrain", str(ws.folder / "img"), "--out", str(tmp_path / "x"), "--tokenizer", str(ws.tokenizer),
                "--no-progress"])
     assert res.returncode == 1 and "--checkpoint" in res.stderr and "image" in res.stderr
+
+
+@pytest.mark.parametrize("mask", ["derive", "stored"])
+def test_megatron_adapter_trains_on_the_sft_output(tmp_path: Path, mask: str, process_group: None) -> None:
+    """The Megatron adapter's SFT dataset (megatron-core's builder) packs the pipeline's conversations with the
+    core's mask, derived or read from the stored stream (after its preflight checks the run's manifest)."""
+    import argparse
+
+    from conftest import null_tokenizer
+
+    from megatron_patches.arguments import add_apertus_args, options_from_args
+    from megatron_patches.dataset import ApertusDatasetConfig, build_datasets
+    from megatron_patches.training import data_prefixes, preflight
+
+    ws = workspace()
+    prefix = str(reference("sft"))
+    spec = ChatTokenizer(ws.tokenizer).spec
+    parser = add_apertus_args(argparse.ArgumentParser())
+    # the run's manifest lists the tokens with their mask stream: the exact list of a stage with stored masks
+    manifest = ["--apertus-manifest", f"{prefix}.manifest.json"] if mask == "stored" else []
+    opts = options_from_args(parser.parse_args([
+        "--apertus-tokenizer", str(ws.tokenizer), "--apertus-sft-data", prefix, "--apertus-sft-mask", mask,
+        *manifest]))
+    preflight(opts, data_prefixes(([prefix], [1.0]), None), embedding_rows=spec.size)
+    config = ApertusDatasetConfig(random_seed=7, sequence_length=1024, blend=([prefix], [1.0]), split="100,0,0",
+                                  tokenizer=null_tokenizer(spec.size), create_attention_mask=False,
+                                  path_to_cache=str(tmp_path / "cache"), mid_level_dataset_surplus=0.5, apertus=opts)
+    train, _valid, _test = build_datasets(config, [4, 0, 0])
+    convs = {tuple(IndexedDataset(prefix).document(d).tolist()) for d in range(4)}
+    found = 0
+    for i in range(len(train)):
+        s = train[i]
+        ids = np.concatenate([s["tokens"].numpy(), s["labels"].numpy()[-1:]])
+        keep = s["loss_mask"].numpy()
+        pos = s["position_ids"].numpy()
+        starts = np.flatnonzero(pos == 0).tolist() + [pos.size]
+        for a, b in zip(starts[:-1], starts[1:], strict=True):
+            seg = ids[a:b]
+            conv = next((c for c in convs if len(c) <= seg.size and tuple(seg[: len(c)].tolist()) == c), None)
+            if conv is None:
+                assert not keep[a:b].any()  # padding
+                continue
+            n = len(conv)
+            assert keep[a:a + n - 1].tolist() == sft_mask(np.asarray(conv), spec).astype(np.float32).tolist()
+            found += 1
+    assert found >= 4
