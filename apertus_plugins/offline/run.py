@@ -404,8 +404,6 @@ def tokenize(cfg: TokenizeConfig, out: Any = None) -> dict[str, Any]:
 
     out = out or sys.stdout
     work = cfg.work
-    if cfg.restart:
-        shutil.rmtree(work, ignore_errors=True)
     done = None if cfg.restart else _complete(cfg)
     if done is not None:
         if not cfg.keep_work:
@@ -415,6 +413,12 @@ def tokenize(cfg: TokenizeConfig, out: Any = None) -> dict[str, Any]:
         return done
     spec = ChatTokenizer(cfg.tokenizer).spec
     with _lock(work):
+        if cfg.restart:  # under the lock: never pull the work directory from under a running run
+            for entry in work.iterdir():
+                if entry.is_dir():
+                    shutil.rmtree(entry)
+                elif entry.name != "lock":
+                    entry.unlink()
         save_json(work / "config.json", asdict(cfg))
         plan, resumed, plan_s = _load_or_plan(cfg)
         for stale in (work / "shards").rglob("*.tmp*") if (work / "shards").is_dir() else []:
