@@ -9,9 +9,15 @@ stops are ``</s>``, ``<|assistant_end|>`` and ``<|tools_suffix|>``, and ``proces
 so ``AutoProcessor.from_pretrained(dir)`` works. The tests and the demo of the whole project (the
 vLLM plugin, the doctor, the evals, the Megatron conversion) run on such a directory.
 
-The language model is random (normal(0, 0.02) matrices, unit norms, the xIELU initial values);
-the media encoders get :func:`apertus_plugins.encoders.init_random_weights` (calibrated codebooks,
-so codes vary). Deterministic for a seed; written to a temporary directory and renamed into place.
+The language model is random. ``init="standard"`` (the default) is a training initialization:
+normal(0, 0.02) matrices, unit norms, the xIELU initial values, so its next-token distributions
+are nearly flat. ``init="varied"`` is for comparing implementations numerically: embedding rows of
+scale 1, matrices of scale 1/sqrt(fan-in) (the LM head 3/sqrt(hidden)), norms 1 + N(0, 0.1) and
+xIELU alphas off their initial values by N(0, 0.05), so every tensor shapes the output, a wrong
+norm, activation parameter or offset changes the greedy tokens, and top-2 margins stand far above
+float32 noise. The media encoders get :func:`apertus_plugins.encoders.init_random_weights`
+(calibrated codebooks, so codes vary). Deterministic for a seed; written to a temporary directory
+and renamed into place.
 
 :func:`read_checkpoint_config` returns the text, vision and audio configs and the
 :class:`~apertus_plugins.vocab.VocabSpec` of a checkpoint directory (no torch needed).
@@ -37,7 +43,7 @@ from .vocab import VocabSpec
 
 __all__ = [
     "TextSize", "SIZES", "write_checkpoint", "CheckpointConfig", "read_checkpoint_config", "parse_size",
-    "text_config_dict", "ROPE_THETA", "ROPE_FACTOR", "ROPE_ORIGINAL_CONTEXT", "CONTEXT_LENGTH",
+    "text_config_dict", "ROPE_THETA", "ROPE_FACTOR", "ROPE_ORIGINAL_CONTEXT", "CONTEXT_LENGTH", "INITS",
 ]
 
 #: RoPE at the end of context extension (SPEC.md 5): llama3 scaling, base 4M, factor 32 over 8,192.
@@ -50,6 +56,8 @@ XIELU_ALPHA = 0.8
 XIELU_BETA = 0.5
 XIELU_EPS = -1e-6
 _LM_DTYPES = ("float32", "bfloat16")
+#: Language-model initializations of :func:`write_checkpoint` (see the module docstring).
+INITS = ("standard", "varied")
 
 
 @dataclass(frozen=True)
@@ -182,23 +190,35 @@ def _generation_config(spec: VocabSpec) -> dict[str, Any]:
     }
 
 
-def _language_model_tensors(size: TextSize, spec: VocabSpec, gen: Any, dtype: Any) -> dict[str, Any]:
+def _language_model_tensors(size: TextSize, spec: VocabSpec, gen: Any, dtype: Any,
+                            init: str = "standard") -> dict[str, Any]:
     import torch
 
     h, inter = size.hidden_size, size.intermediate_size
     head_dim = h // size.num_attention_heads
     kv = size.num_key_value_heads * head_dim
     rows = spec.embedding_rows or spec.size
+    varied = init == "varied"
 
-    def normal(*shape: int) -> torch.Tensor:
-        return (torch.randn(shape, generator=gen) * 0.02).to(dtype)
+    def normal(*shape: int, gain: float = 1.0) -> torch.Tensor:
+        """A matrix: std 0.02 (standard), else gain / sqrt(fan-in)."""
+        std = gain / math.sqrt(shape[-1]) if varied else 0.02
+        return (torch.randn(shape, generator=gen) * std).to(dtype)
 
     def ones(n: int) -> torch.Tensor:
+        if varied:
+            return (1 + 0.1 * torch.randn(n, generator=gen)).to(dtype)
         return torch.ones(n, dtype=dtype)
 
-    p = math.log(math.expm1(XIELU_ALPHA))
-    n = math.log(math.expm1(XIELU_ALPHA - XIELU_BETA))
-    out: dict[str, torch.Tensor] = {"model.language_model.embed_tokens.weight": normal(rows, h)}
+    def alpha(value: float) -> torch.Tensor:
+        """A stored xIELU alpha: softplus^-1 of ``value`` (plus N(0, 0.05) under "varied")."""
+        raw = math.log(math.expm1(value))
+        if varied:
+            return (raw + 0.05 * torch.randn(1, generator=gen)).to(dtype)
+        return torch.tensor([raw], dtype=dtype)
+
+    embed = normal(rows, h, gain=math.sqrt(h))  # scale 1 under "varied"
+    out: dict[str, torch.Tensor] = {"model.language_model.embed_tokens.weight": embed}
     for i in range(size.num_hidden_layers):
         pre = f"model.language_model.layers.{i}."
         out.update({
@@ -210,15 +230,15 @@ def _language_model_tensors(size: TextSize, spec: VocabSpec, gen: Any, dtype: An
             pre + "self_attn.k_norm.weight": ones(head_dim),
             pre + "mlp.up_proj.weight": normal(inter, h),
             pre + "mlp.down_proj.weight": normal(h, inter),
-            pre + "mlp.act_fn.alpha_p": torch.tensor([p], dtype=dtype),
-            pre + "mlp.act_fn.alpha_n": torch.tensor([n], dtype=dtype),
+            pre + "mlp.act_fn.alpha_p": alpha(XIELU_ALPHA),
+            pre + "mlp.act_fn.alpha_n": alpha(XIELU_ALPHA - XIELU_BETA),
             pre + "mlp.act_fn.beta": torch.tensor(XIELU_BETA, dtype=dtype),
             pre + "mlp.act_fn.eps": torch.tensor(XIELU_EPS, dtype=dtype),
             pre + "attention_layernorm.weight": ones(h),
             pre + "feedforward_layernorm.weight": ones(h),
         })
     out["model.language_model.norm.weight"] = ones(h)
-    out["lm_head.weight"] = normal(spec.text_size, h)
+    out["lm_head.weight"] = normal(spec.text_size, h, gain=3.0)
     return out
 
 
@@ -251,7 +271,8 @@ def write_checkpoint(out_dir: str | Path, *, size: str | TextSize = "tiny", spec
                      seed: int = 0, dtype: str = "float32", shard_size: int | str | None = None,
                      vision_config: VisionTokenizerConfig | None = None,
                      audio_config: AudioTokenizerConfig | None = None,
-                     max_position_embeddings: int = CONTEXT_LENGTH, overwrite: bool = False) -> Path:
+                     max_position_embeddings: int = CONTEXT_LENGTH, overwrite: bool = False,
+                     init: str = "standard") -> Path:
     """Write a random checkpoint directory in the released layout (see the module docstring).
 
     Args:
@@ -265,6 +286,8 @@ def write_checkpoint(out_dir: str | Path, *, size: str | TextSize = "tiny", spec
         vision_config, audio_config: encoder sizes (default: the tiny ones, codebooks from ``spec``).
         max_position_embeddings: the context length written in the config.
         overwrite: replace an existing directory.
+        init: the language model's initialization, ``"standard"`` or ``"varied"`` (see the module
+            docstring; ``"varied"`` for numerical comparisons between implementations).
 
     Returns:
         The directory.
@@ -279,6 +302,8 @@ def write_checkpoint(out_dir: str | Path, *, size: str | TextSize = "tiny", spec
     if dtype not in _LM_DTYPES:
         raise ValueError(f"dtype {dtype!r} is not supported; the language model is {' or '.join(_LM_DTYPES)} "
                          "(the encoders are always float32)")
+    if init not in INITS:
+        raise ValueError(f"init {init!r} is not supported; initializations are {', '.join(INITS)}")
     text_size = SIZES[size] if isinstance(size, str) and size in SIZES else size
     if not isinstance(text_size, TextSize):
         raise ValueError(f"unknown size {size!r}; sizes are {', '.join(SIZES)}")
@@ -305,7 +330,7 @@ def write_checkpoint(out_dir: str | Path, *, size: str | TextSize = "tiny", spec
     try:
         gen = torch.Generator().manual_seed(int(seed))
         lm_dtype = getattr(torch, dtype)
-        tensors = _language_model_tensors(text_size, spec, gen, lm_dtype)
+        tensors = _language_model_tensors(text_size, spec, gen, lm_dtype, init)
         vis = VisionTokenizer(vision)
         init_random_weights(vis, seed=int(seed) * 2 + 1)
         aud = AudioTokenizer(audio)

@@ -204,7 +204,23 @@ def cmd_test(suites: list[str]) -> int:
 
 def cmd_demo(args: list[str]) -> int:
     venv = build_env("core")
-    return subprocess.call([str(venv / "bin" / "apertus"), "demo", *args], env=suite_env("core", venv))
+    serve = "--no-serve" not in args
+    args = [a for a in args if a != "--no-serve"]
+    rc = subprocess.call([str(venv / "bin" / "apertus"), "demo", *args], env=suite_env("core", venv))
+    if rc or not serve:
+        return rc
+    # the serving step: a small random checkpoint in the released layout, served by vLLM with the plugin
+    vllm = build_env("vllm")
+    tmp = Path(tempfile.mkdtemp(prefix="apertus-demo-"))
+    ckpt = tmp / "checkpoint"
+    env = suite_env("vllm", vllm)
+    try:
+        rc = subprocess.call([str(vllm / "bin" / "apertus"), "make-checkpoint", str(ckpt)], env=env)
+        if rc:
+            return rc
+        return subprocess.call([str(vllm / "bin" / "apertus"), "demo", "--serve", str(ckpt)], env=env)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def cmd_run(args: list[str]) -> int:

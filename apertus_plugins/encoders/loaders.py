@@ -276,7 +276,10 @@ def _emu_paths(path: Path) -> tuple[Path, Path]:
 
 def read_emu35_config(path: str | Path) -> VisionTokenizerConfig:
     """The :class:`VisionTokenizerConfig` of an Emu3.5 ``config.yaml`` (see the module docstring)."""
-    import yaml
+    try:
+        import yaml
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError("reading an Emu3.5 config.yaml needs PyYAML (pip install pyyaml)") from exc
 
     cfg_file, _ = _emu_paths(Path(path))
     if not cfg_file.is_file():

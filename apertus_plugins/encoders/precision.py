@@ -12,11 +12,16 @@ global torch flags say:
 
 Half precision (a float16/bfloat16 module, input or checkpoint tensor) is refused: bf16 flips
 7-10% of the image codes.
+
+The flags are process-wide in torch: while an encoder runs, other threads' matmuls see its
+setting too. Encoder calls hold a process-wide lock, so concurrent encodes never interleave their
+set and restore.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Literal
 
@@ -29,6 +34,7 @@ Precision = Literal["float32", "tf32"]
 PRECISIONS: tuple[str, ...] = ("float32", "tf32")
 
 _HALF = (torch.float16, torch.bfloat16)
+_LOCK = threading.RLock()
 
 
 class PrecisionError(ValueError):
@@ -75,6 +81,11 @@ def precision_scope(precision: str) -> Iterator[None]:
     IEEE float32 or to TF32; the previous values are restored on exit, also after an error.
     """
     check_precision(precision)
+    with _LOCK:
+        yield from _scope(precision)
+
+
+def _scope(precision: str) -> Iterator[None]:
     flags = _new_api_flags()
     if flags is not None:
         saved = [getattr(o, a) for o, a in flags]

@@ -5,12 +5,15 @@ so every frame ties; a random vision codebook far from the encoder's output pick
 codes). :func:`init_random_weights` draws fan-in scaled convolutions, perturbed norms, and then
 calibrates the codebook on the encoder's own outputs for random inputs (codebook vectors are
 output vectors plus noise), so codes vary across positions as with trained weights. Deterministic
-for a seed, on CPU.
+for a seed, on CPU: it runs on one thread, because multi-threaded CPU convolutions and
+reductions may sum in another order (and round differently) when the thread count differs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -31,11 +34,23 @@ def init_random_weights(tokenizer: VisionTokenizer | AudioTokenizer, seed: int =
     """Fill ``tokenizer`` (in place, on CPU, float32) with seeded random weights and a calibrated codebook."""
     gen = torch.Generator().manual_seed(int(seed))
     if isinstance(tokenizer, VisionTokenizer):
-        _init_vision(tokenizer, gen)
+        with _one_thread():
+            _init_vision(tokenizer, gen)
     elif isinstance(tokenizer, AudioTokenizer):
-        _init_audio(tokenizer, gen)
+        with _one_thread():
+            _init_audio(tokenizer, gen)
     else:
         raise TypeError(f"expected a VisionTokenizer or an AudioTokenizer, got {type(tokenizer).__name__}")
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _init_vision(tok: VisionTokenizer, gen: torch.Generator) -> None:

@@ -125,6 +125,20 @@ def test_parse_call_inside_thinking_with_missing_terminator():
     assert out.thinking == "let me call " and out.content == "done"
 
 
+@pytest.mark.parametrize("marker", ["<think>", "<|inner_prefix|>", "</think>", "</s>", "<|assistant_end|>",
+                                    "<|tools_prefix|>"])
+@pytest.mark.parametrize("thinking", [False, True])
+def test_delimiters_inside_call_arguments_are_text(marker, thinking):
+    call = json.dumps([{"f": {"q": f"a{marker}b"}}])
+    prefix = "<think>mull</think>" if thinking else ""
+    text = f"{prefix}<|tools_prefix|>{call}<|tools_suffix|>after<|assistant_end|>"
+    out = parse_output(text)
+    assert out.errors == [] and [(t.name, t.arguments) for t in out.tool_calls] == [("f", {"q": f"a{marker}b"})]
+    assert (out.thinking, out.content) == (("mull" if thinking else None), "after")
+    for cuts in ([], [5, len(prefix) + 20, len(text) - 3]):
+        assert _stream(text, cuts) == (("mull" if thinking else ""), "after", out.tool_calls)
+
+
 @pytest.mark.parametrize("body, kind", [("[{oops", "json"), ('{"a": 1, "b": 2}', "shape"), ('"str"', "shape"),
                                         ('[{"a": 1}]', "shape")])
 def test_malformed_calls_are_structured_errors(body, kind):

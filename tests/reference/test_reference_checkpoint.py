@@ -155,6 +155,35 @@ def test_sharded_bf16_and_deterministic(ckpt, tmp_path):
     assert not (tmp_path / "f16").exists()
 
 
+def test_same_seed_same_bytes_whatever_the_thread_count(ckpt, tmp_path):
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            again = write_checkpoint(tmp_path / f"threads{n}", seed=3)
+            assert (again / "model.safetensors").read_bytes() == (ckpt / "model.safetensors").read_bytes(), (
+                f"seed 3 written with {n} torch threads differs from the fixture's bytes")
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_varied_init(ckpt, tmp_path):
+    """init="varied": the same tensor set and encoders, a language model whose norms and xIELU alphas carry information."""
+    varied = write_checkpoint(tmp_path / "varied", seed=3, init="varied")
+    ref, got = _tensors(ckpt), _tensors(varied)
+    assert set(got) == set(ref) and all(got[k].shape == ref[k].shape for k in ref)
+    assert all(torch.equal(got[k], ref[k]) for k in ref if k.startswith(("model.vision_tokenizer.", "model.audio_tokenizer.")))
+    for name in ("norm.weight", "q_norm.weight", "act_fn.alpha_p", "act_fn.alpha_n"):
+        keys = [k for k in ref if k.startswith("model.language_model.") and k.endswith(name)]
+        assert keys and all(not torch.equal(got[k], ref[k]) for k in keys), name
+    assert float(got["lm_head.weight"].std()) > 10 * float(ref["lm_head.weight"].std())
+    model, info = Apertus1p5ForConditionalGeneration.from_pretrained(varied, output_loading_info=True)
+    assert not any(info.values()), info
+    with pytest.raises(ValueError, match="standard, varied"):
+        write_checkpoint(tmp_path / "bad", init="uniform")
+    assert not (tmp_path / "bad").exists()
+
+
 def test_full_vocabulary_layout(tmp_path):
     """--full: the released 266,752 embedding rows, 131,072 head rows and codebooks; shapes as the port builds them."""
     full = write_checkpoint(tmp_path / "full", spec=VocabSpec(), shard_size="64MB")

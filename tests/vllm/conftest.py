@@ -1,0 +1,63 @@
+"""Session fixtures of the vllm suite: one tiny checkpoint, one real server on loopback."""
+
+from __future__ import annotations
+
+import base64
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from apertus_plugins.serve import CPU_ARGS, VLLMServer  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[2] / "apertus_plugins" / "data"
+MEDIA_LIMIT = {"image": 2, "audio": 2}
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory) -> Path:
+    """The project's tiny random checkpoint in the released layout, with every tensor shaping the output."""
+    from apertus_plugins.checkpoint import write_checkpoint
+
+    return write_checkpoint(tmp_path_factory.mktemp("ckpt") / "apertus-tiny", size="tiny", init="varied")
+
+
+@pytest.fixture(scope="session")
+def codes_log(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("codes") / "codes.jsonl"
+
+
+@pytest.fixture(scope="session")
+def server(checkpoint, codes_log, tmp_path_factory):
+    """The one server of the suite: float32, both parsers, at most two images and two clips per prompt."""
+    import json
+
+    args = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", "apertus",
+            "--enable-auto-tool-choice", "--tool-call-parser", "apertus", "--reasoning-parser", "apertus",
+            "--limit-mm-per-prompt", json.dumps(MEDIA_LIMIT), "--max-num-seqs", "16"]
+    log = tmp_path_factory.mktemp("logs") / "vllm-server.log"
+    env = {"APERTUS_VLLM_CODES_LOG": str(codes_log), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with VLLMServer(checkpoint, args=args, env=env, log_path=log, startup_timeout=900) as srv:
+        yield srv
+
+
+def data_url(path: Path, mime: str) -> str:
+    return f"data:{mime};base64," + base64.b64encode(path.read_bytes()).decode()
+
+
+@pytest.fixture(scope="session")
+def image_part() -> dict:
+    return {"type": "image_url", "image_url": {"url": data_url(DATA / "demo.png", "image/png")}}
+
+
+@pytest.fixture(scope="session")
+def audio_part() -> dict:
+    data = base64.b64encode((DATA / "demo.wav").read_bytes()).decode()
+    return {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
+
+
+def pytest_report_header(config):
+    return f"vllm suite: APERTUS_PYTHON_VLLM={os.environ.get('APERTUS_PYTHON_VLLM')}"

@@ -1,0 +1,126 @@
+"""The ``apertus`` tool and reasoning parsers, composed as the server composes them.
+
+The outputs are tokenized with the test tokenizer and streamed one token at a time, as vLLM
+streams them; ``<|tools_suffix|>`` is a stop token, so the streams that end a call leave it out
+(the known mis-parse that dropped the terminator of calls made under thinking).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import AutoTokenizer
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.parser.parser_manager import ParserManager
+
+import vllm_model
+from apertus_plugins.tokenizer_builder import build_test_tokenizer
+from apertus_plugins.vocab import VocabSpec
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}},
+         {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    d = build_test_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer", VocabSpec.scaled())
+    return AutoTokenizer.from_pretrained(str(d))
+
+
+@pytest.fixture(scope="module")
+def parser_cls(tok):
+    vllm_model.register()
+    cls = ParserManager.get_parser(tool_parser_name="apertus", reasoning_parser_name="apertus",
+                                   enable_auto_tools=True, tokenizer=tok)
+    assert cls.tool_parser_cls.__module__ == "vllm_model.parsers"
+    assert cls.reasoning_parser_cls.__module__ == "vllm_model.parsers"
+    return cls
+
+
+def request(tools=True):
+    return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}],
+                                 tools=TOOLS if tools else None)
+
+
+def parse(parser_cls, tok, text, tools=True):
+    p = parser_cls(tok)
+    req = p.adjust_request(request(tools))
+    return p.parse(text, req, enable_auto_tools=tools)
+
+
+def stream(parser_cls, tok, text, tools=True):
+    """Feed ``text`` token by token; returns (reasoning, content, [(name, args)])."""
+    p = parser_cls(tok)
+    req = p.adjust_request(request(tools))
+    ids = tok.encode(text, add_special_tokens=False)
+    prompt = tok.encode("<|assistant_start|>", add_special_tokens=False)
+    reasoning, content, calls = "", "", {}
+    for k, tid in enumerate(ids):
+        delta = tok.decode([tid], skip_special_tokens=False)
+        msg = p.parse_delta(delta, [tid], req, prompt_token_ids=prompt, finished=k == len(ids) - 1)
+        if msg is None:
+            continue
+        reasoning += msg.reasoning or ""
+        content += msg.content or ""
+        for tc in msg.tool_calls or []:
+            entry = calls.setdefault(tc.index, ["", ""])
+            entry[0] += (tc.function.name or "") if tc.function else ""
+            entry[1] += (tc.function.arguments or "") if tc.function else ""
+    return reasoning, content, [(n, json.loads(a)) for _, (n, a) in sorted(calls.items())]
+
+
+CASES = [
+    # (output as the client sees it, reasoning, content, calls)
+    ("Plain answer.", None, "Plain answer.", []),
+    ("<|inner_prefix|>Let me think.<|inner_suffix|>The answer.", "Let me think.", "The answer.", []),
+    ("<think>Short.</think>Done.", "Short.", "Done.", []),
+    ('<|tools_prefix|>[{"get_weather": {"city": "Bern"}}]', None, None, [("get_weather", {"city": "Bern"})]),
+    ('Checking. <|tools_prefix|>[{"get_weather": {"city": "Bern"}}, {"get_time": {}}]<|tools_suffix|>',
+     None, "Checking.", [("get_weather", {"city": "Bern"}), ("get_time", {})]),
+    # a call inside the thinking span, its terminator dropped (the generation stopped on it)
+    ('<|inner_prefix|>I need the weather.<|tools_prefix|>[{"get_weather": {"city": "Zurich"}}]',
+     "I need the weather.", None, [("get_weather", {"city": "Zurich"})]),
+    # ... and one whose thinking goes on and closes (a server without the stop)
+    ('<think>First.<|tools_prefix|>[{"get_time": {}}]<|tools_suffix|></think>Then this.',
+     "First.", "Then this.", [("get_time", {})]),
+]
+
+
+@pytest.mark.parametrize("text,reasoning,content,calls", CASES)
+def test_whole_output(parser_cls, tok, text, reasoning, content, calls):
+    r, c, tool_calls = parse(parser_cls, tok, text)
+    assert r == reasoning
+    assert (c or None) == content
+    assert [(t.name, json.loads(t.arguments)) for t in tool_calls or []] == calls
+
+
+# streamed: the served cases (generation stops after a call, so no thinking follows one)
+@pytest.mark.parametrize("text,reasoning,content,calls", CASES[:-1])
+def test_streamed_token_by_token(parser_cls, tok, text, reasoning, content, calls):
+    r, c, got = stream(parser_cls, tok, text)
+    assert (r or None) == reasoning
+    assert (c.strip() or None) == content
+    assert got == calls
+
+
+def test_without_tools_the_thinking_span_is_still_separated(parser_cls, tok):
+    r, c, calls = parse(parser_cls, tok, "<|inner_prefix|>Hmm.<|inner_suffix|>Yes.", tools=False)
+    assert (r, c, calls or []) == ("Hmm.", "Yes.", [])
+    assert stream(parser_cls, tok, "<think>Hmm.</think>Yes.", tools=False)[:2] == ("Hmm.", "Yes.")
+
+
+def test_unterminated_thinking_is_all_reasoning(parser_cls, tok):
+    r, c, _ = parse(parser_cls, tok, "<|inner_prefix|>Still thinking")
+    assert r == "Still thinking" and not c
+
+
+def test_registration_replaces_the_builtin_apertus_tool_parser_and_is_idempotent():
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+
+    vllm_model.register()
+    vllm_model.register()
+    assert ToolParserManager.get_tool_parser("apertus").__module__ == "vllm_model.parsers"
+    assert ReasoningParserManager.get_reasoning_parser("apertus").__module__ == "vllm_model.parsers"

@@ -1,0 +1,89 @@
+"""Registration: the entry point, the version check, the config classes, the generation stops."""
+
+from __future__ import annotations
+
+import json
+from importlib.metadata import entry_points
+
+import pytest
+
+import vllm_model
+from vllm_model import configs, generation
+
+
+def test_entry_point_names_register():
+    eps = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
+    assert eps.get("apertus") == "vllm_model:register"
+
+
+@pytest.mark.parametrize("version", ["0.31.2", "0.34.0", "1.0.0", "garbage"])
+def test_unsupported_versions_fail_with_the_range(version):
+    with pytest.raises(vllm_model.UnsupportedVLLMError, match=r">=0\.32,<0\.34"):
+        vllm_model.check_vllm_version(version)
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.1+cpu", "0.33.0", "0.33.1rc1"])
+def test_supported_versions(version):
+    assert vllm_model.check_vllm_version(version) == version
+
+
+def test_register_is_idempotent_and_registers_the_architecture():
+    from vllm import ModelRegistry
+
+    vllm_model.register()
+    vllm_model.register()
+    assert vllm_model.ARCHITECTURE in ModelRegistry.get_supported_archs()
+    assert configs.register() == []  # already there
+
+
+def test_config_round_trip_through_autoconfig(tmp_path):
+    from transformers import AutoConfig
+
+    configs.register()
+    cfg = configs.Apertus1p5Config(
+        text_config={"vocab_size": 1088, "output_vocab_size": 512, "hidden_size": 128, "num_attention_heads": 2,
+                     "num_hidden_layers": 1, "intermediate_size": 256,
+                     "rope_parameters": {"rope_type": "llama3", "rope_theta": 4e6, "factor": 32.0,
+                                         "original_max_position_embeddings": 8192, "low_freq_factor": 1.0,
+                                         "high_freq_factor": 4.0}},
+        vision_config={"codebook_size": 256}, audio_config={"codebook_size": 64},
+        image_token_offset=712, audio_token_offset=968)
+    cfg.save_pretrained(tmp_path)
+    back = AutoConfig.from_pretrained(tmp_path)
+    assert type(back).__name__ == "Apertus1p5Config"
+    assert back.text_config.output_vocab_size == 512 and back.text_config.vocab_size == 1088
+    assert back.text_config.rope_parameters["factor"] == 32.0  # the RoPE scaling survives
+    assert back.audio_config.hop_length == 600 and back.vision_config.spatial_scale_factor == 16
+
+
+def test_released_defaults():
+    cfg = configs.Apertus1p5Config()
+    assert (cfg.text_config.vocab_size, cfg.image_token_id, cfg.audio_token_id) == (266752, 131079, 131085)
+    assert (cfg.image_token_offset, cfg.audio_token_offset) == (131272, 262344)
+
+
+def test_inconsistent_offsets_are_refused():
+    with pytest.raises(ValueError, match="image code block must end where the audio block begins"):
+        configs.Apertus1p5Config(image_token_offset=131272, audio_token_offset=262000)
+
+
+def test_generation_config_gets_the_missing_stops(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert generation.required_stop_ids(None) == [68, 72]
+    assert generation.completed_generation_config({"eos_token_id": [2, 68, 72]}, [68, 72]) is None
+    done = generation.completed_generation_config({"eos_token_id": 2, "temperature": 0.7}, [68, 72])
+    assert done == {"eos_token_id": [2, 68, 72], "temperature": 0.7}
+
+    class FakeModelConfig:
+        generation_config = "auto"
+        tokenizer = None
+        model = "m"
+
+        def try_get_generation_config(self):
+            return {"eos_token_id": 2} if self.generation_config == "auto" else json.loads(
+                (tmp_path / "x").read_text())
+
+    mc = FakeModelConfig()
+    generation.Apertus1p5GenerationDefaults.verify_and_update_model_config(mc)
+    written = json.loads((__import__("pathlib").Path(mc.generation_config) / "generation_config.json").read_text())
+    assert written["eos_token_id"] == [2, 68, 72]

@@ -1,0 +1,90 @@
+"""Stops every Apertus 1.5 server must have: ``<|assistant_end|>`` and the end of a tool call.
+
+The released checkpoint lists ``<|assistant_end|>`` and ``<|tools_suffix|>`` in
+``generation_config.json`` (the tokenizer's ``eos_token`` is ``</s>``). A checkpoint whose
+generation config lacks either (or that has none) lets the model run past a tool call and
+fabricate its result (report 7.4). vLLM reads its stop ids from the generation config, so when
+one is missing this hook writes a completed copy next to the user's cache and points vLLM at it;
+every other field of the checkpoint's generation config is kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from apertus_plugins.vocab import VocabError, VocabSpec
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["required_stop_ids", "completed_generation_config", "Apertus1p5GenerationDefaults"]
+
+
+def required_stop_ids(tokenizer_dir: str | os.PathLike | None) -> list[int]:
+    """``[<|assistant_end|>, <|tools_suffix|>]`` of the tokenizer directory (released ids when unreadable)."""
+    spec = VocabSpec()
+    if tokenizer_dir is not None and Path(tokenizer_dir, "tokenizer.json").is_file():
+        try:
+            spec = VocabSpec.from_tokenizer_dir(tokenizer_dir)
+        except VocabError as exc:
+            logger.warning("apertus: %s; using the released stop ids", exc)
+    return [spec.id("assistant_end"), spec.id("tools_suffix")]
+
+
+def completed_generation_config(current: dict[str, Any], stop_ids: list[int]) -> dict[str, Any] | None:
+    """``current`` with ``stop_ids`` added to ``eos_token_id``, or ``None`` when it already has them."""
+    eos = current.get("eos_token_id")
+    have = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    missing = [i for i in stop_ids if i not in have]
+    if not missing:
+        return None
+    out = dict(current)
+    out["eos_token_id"] = have + missing
+    return out
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "apertus-plugins" / "generation-config"
+
+
+def _write_config(data: dict[str, Any]) -> Path:
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    folder = _cache_dir() / hashlib.sha256(text.encode()).hexdigest()[:16]
+    target = folder / "generation_config.json"
+    if not target.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, target)
+    return folder
+
+
+class Apertus1p5GenerationDefaults:
+    """vLLM's per-architecture config hook (``MODELS_CONFIG_MAP``) for ``Apertus1p5ForConditionalGeneration``."""
+
+    @staticmethod
+    def verify_and_update_model_config(model_config: Any) -> None:
+        if model_config.generation_config == "vllm":
+            return  # the user asked for vLLM's neutral defaults; stops are then theirs to give
+        current = model_config.try_get_generation_config()
+        stop_ids = required_stop_ids(model_config.tokenizer)
+        completed = completed_generation_config(current, stop_ids)
+        if completed is None:
+            return
+        folder = _write_config(completed)
+        logger.warning(
+            "apertus: the generation config of %s lacks the stop ids %s (<|assistant_end|>, <|tools_suffix|>); "
+            "serving with eos_token_id %s from %s", model_config.model, stop_ids, completed["eos_token_id"], folder)
+        model_config.generation_config = str(folder)
+
+    @staticmethod
+    def verify_and_update_config(vllm_config: Any) -> None:
+        if vllm_config.model_config is not None:
+            Apertus1p5GenerationDefaults.verify_and_update_model_config(vllm_config.model_config)

@@ -1,0 +1,187 @@
+"""Apertus 1.5 in vLLM: vLLM's own Apertus decoder reading image and audio codes.
+
+The released checkpoint (SPEC.md section 5): ``model.language_model.*`` is an Apertus decoder
+(xIELU, QK-norm, RoPE scaling from the config) whose input embedding covers the whole 1.5
+vocabulary (266,752 rows), ``lm_head`` keeps the text rows only (``output_vocab_size``), and
+``model.vision_tokenizer.*`` / ``model.audio_tokenizer.*`` are the IBQ and WavTokenizer encoders,
+kept in float32. The decoder is :class:`vllm.model_executor.models.apertus.ApertusModel`
+unchanged; this class adds the tokenizers, embeds their codes with the decoder's own embedding
+(:meth:`embed_multimodal`) and merges them at the placeholder positions (the
+``SupportsMultiModal`` path through :meth:`get_language_model`).
+
+The tokenizers are the core's :class:`~apertus_plugins.encoders.VisionTokenizer` and
+:class:`~apertus_plugins.encoders.AudioTokenizer`, built from the checkpoint's ``vision_config`` and
+``audio_config`` and loaded by vLLM's weight loader like every other module; they run in float32
+(their code selection is an argmax over the codebook) whatever the serving dtype, on items batched
+by exact shape (:func:`~apertus_plugins.encoders.group_by_shape`; never padded).
+
+Debugging: with ``APERTUS_VLLM_CODES_LOG=FILE`` in the server's environment, every item that
+:meth:`embed_multimodal` embeds appends one JSON line ``{"modality", "shape", "seconds", "codes"}`` to FILE
+(codebook indices without the vocabulary offset; ``seconds``: the encoder time of the item's batch
+divided by its size, measured only while logging).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from vllm.config import VllmConfig
+from vllm.model_executor.layers.activation import XIELU
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+from vllm.model_executor.models.apertus import ApertusModel
+from vllm.model_executor.models.interfaces import MultiModalEmbeddings, SupportsMultiModal, SupportsPP
+from vllm.model_executor.models.utils import AutoWeightsLoader, WeightsMapper, maybe_prefix
+from vllm.multimodal import MULTIMODAL_REGISTRY
+from vllm.sequence import IntermediateTensors
+
+from apertus_plugins.encoders import (
+    AudioTokenizer,
+    AudioTokenizerConfig,
+    VisionTokenizer,
+    VisionTokenizerConfig,
+    group_by_shape,
+)
+
+from .processing import Apertus1p5DummyInputsBuilder, Apertus1p5MultiModalProcessor, Apertus1p5ProcessingInfo
+
+__all__ = ["Apertus1p5ForConditionalGeneration", "CODES_LOG_ENV"]
+
+#: Environment variable naming a file where the embedded media codes are appended (debugging, parity).
+CODES_LOG_ENV = "APERTUS_VLLM_CODES_LOG"
+
+
+def _config_dict(config: object) -> dict:
+    return config.to_dict() if hasattr(config, "to_dict") else dict(config)  # type: ignore[call-overload]
+
+
+@MULTIMODAL_REGISTRY.register_processor(
+    Apertus1p5MultiModalProcessor,
+    info=Apertus1p5ProcessingInfo,
+    dummy_inputs=Apertus1p5DummyInputsBuilder,
+)
+class Apertus1p5ForConditionalGeneration(nn.Module, SupportsMultiModal, SupportsPP):
+    """Apertus 1.5: text, images and audio as tokens of one vocabulary; logits over text ids."""
+
+    hf_to_vllm_mapper = WeightsMapper(
+        orig_to_new_stacked={
+            ".q_proj": (".qkv_proj", "q"),
+            ".k_proj": (".qkv_proj", "k"),
+            ".v_proj": (".qkv_proj", "v"),
+        },
+        orig_to_new_prefix={
+            "model.language_model.": "language_model.",
+            "model.vision_tokenizer.": "vision_tokenizer.",
+            "model.audio_tokenizer.": "audio_tokenizer.",
+        },
+    )
+    packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+
+    @classmethod
+    def get_placeholder_str(cls, modality: str, i: int) -> str | None:
+        # the chat template renders the placeholders itself
+        return None
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__()
+        config = vllm_config.model_config.hf_config
+        text_config = config.text_config
+        self.config = config
+        self.vocab_size = text_config.vocab_size
+        self.output_vocab_size = text_config.output_vocab_size or text_config.vocab_size
+
+        # the code selection is an argmax over the codebook: the tokenizers stay in float32
+        with self._mark_tower_model(vllm_config, "image"):
+            vision = VisionTokenizerConfig.from_dict(_config_dict(config.vision_config), "vision_config")
+            self.vision_tokenizer = VisionTokenizer(vision).float()
+        with self._mark_tower_model(vllm_config, "audio"):
+            audio = AudioTokenizerConfig.from_dict(_config_dict(config.audio_config), "audio_config")
+            self.audio_tokenizer = AudioTokenizer(audio).float()
+
+        with self._mark_language_model(vllm_config):
+            self.language_model = ApertusModel(vllm_config=vllm_config.with_hf_config(text_config),
+                                               prefix=maybe_prefix(prefix, "language_model"))
+            # vLLM's Apertus MLP builds xIELU in bfloat16 whatever the serving dtype, which rounds the
+            # checkpoint's alphas (about 1e-2 in float32 log-probabilities); the port keeps the model dtype
+            for layer in self.language_model.layers:
+                if isinstance(getattr(getattr(layer, "mlp", None), "act_fn", None), XIELU):
+                    layer.mlp.act_fn = XIELU(dtype=vllm_config.model_config.dtype)
+            self.lm_head = ParallelLMHead(self.output_vocab_size, text_config.hidden_size,
+                                          quant_config=vllm_config.quant_config, prefix=maybe_prefix(prefix, "lm_head"))
+            self.logits_processor = LogitsProcessor(self.output_vocab_size)
+
+        self.make_empty_intermediate_tensors = self.language_model.make_empty_intermediate_tensors
+
+    def get_language_model(self) -> nn.Module:
+        return self.language_model
+
+    # ------------------------------------------------------------------ media
+    @staticmethod
+    def _log_codes(path: str, modality: str, codes: list[torch.Tensor], seconds: list[float]) -> None:
+        with open(path, "a", encoding="utf-8") as fh:
+            for c, sec in zip(codes, seconds, strict=True):
+                fh.write(json.dumps({"modality": modality, "shape": list(c.shape), "seconds": sec,
+                                     "codes": c.flatten().tolist()}) + "\n")
+
+    def _encode(self, modality: str, items: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Codebook indices per item: items of identical shape share one batch, none is padded."""
+        tokenizer = self.vision_tokenizer if modality == "image" else self.audio_tokenizer
+        log = os.environ.get(CODES_LOG_ENV)
+        codes: list[torch.Tensor | None] = [None] * len(items)
+        seconds = [0.0] * len(items)
+        for batch in group_by_shape(items):
+            start = time.perf_counter()
+            out = tokenizer.encode([items[i] for i in batch])  # float32 pixels / samples, as the processor made them
+            if log and out.device.type == "cuda":
+                torch.cuda.synchronize(out.device)
+            elapsed = (time.perf_counter() - start) / len(batch)
+            for j, i in enumerate(batch):
+                codes[i], seconds[i] = out[j], elapsed
+        if log:
+            self._log_codes(log, modality, codes, seconds)  # type: ignore[arg-type]
+        return codes  # type: ignore[return-value]
+
+    def _embed_codes(self, codes: list[torch.Tensor], offset: int) -> list[torch.Tensor]:
+        embed = self.language_model.embed_input_ids
+        return [embed((c.flatten() + offset).to(torch.long)) for c in codes]
+
+    @staticmethod
+    def _as_list(value: object) -> list[torch.Tensor]:
+        if isinstance(value, torch.Tensor):
+            return list(value.unbind(0))
+        return [v for v in value]  # type: ignore[union-attr]
+
+    def embed_multimodal(self, **kwargs: object) -> MultiModalEmbeddings:
+        embeddings: list[torch.Tensor] = []
+        if kwargs.get("pixel_values") is not None:
+            codes = self._encode("image", self._as_list(kwargs["pixel_values"]))
+            embeddings += self._embed_codes(codes, self.config.image_token_offset)
+        if kwargs.get("input_values") is not None:
+            codes = self._encode("audio", self._as_list(kwargs["input_values"]))
+            embeddings += self._embed_codes(codes, self.config.audio_token_offset)
+        return embeddings
+
+    # ------------------------------------------------------------------ decoder
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                intermediate_tensors: IntermediateTensors | None = None,
+                inputs_embeds: torch.Tensor | None = None, **kwargs: object) -> torch.Tensor | IntermediateTensors:
+        if intermediate_tensors is not None:
+            inputs_embeds = None
+        return self.language_model(input_ids, positions, intermediate_tensors, inputs_embeds=inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        logits = self.logits_processor(self.lm_head, hidden_states)
+        if logits is None or self.output_vocab_size == self.vocab_size:
+            return logits
+        # the head scores text ids only; every other id of the vocabulary is impossible
+        return nn.functional.pad(logits, (0, self.vocab_size - logits.shape[-1]), value=float("-inf"))
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        loader = AutoWeightsLoader(self)
+        return loader.load_weights(weights, mapper=self.hf_to_vllm_mapper)
+

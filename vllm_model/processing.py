@@ -1,0 +1,228 @@
+"""The multimodal processor of Apertus 1.5 in vLLM: processing info, dummy inputs, processor.
+
+Media arrive through the OpenAI chat API (``image_url`` with http(s) or data URLs,
+``input_audio``, ``audio_url``); the chat template renders one ``<|image|>`` or ``<|audio|>`` per
+part. The processor preprocesses each item with the core (``media.image.preprocess_image``,
+``media.audio.preprocess_audio``: mono, 24 kHz whatever the input rate, -3 dBFS) and replaces
+each placeholder with the item's full sequence in the configured layout (the core builds it), the
+placeholder id standing at every code position. Only those positions receive embeddings
+(``PromptUpdateDetails.select_token_id``): the model's tokenizers turn the pixels and waveforms
+into codes there (see :mod:`vllm_model.model`).
+
+Options (``--mm-processor-kwargs`` for the server, ``mm_processor_kwargs`` per request):
+``image_layout`` (``"inference"``, the default, or ``"training"``), ``resize_policy``
+(``"released"``), ``audio_policy`` (``"released"``) and ``max_audio_seconds`` (60).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import BatchFeature
+from vllm.multimodal.inputs import MultiModalFieldConfig, MultiModalKwargsItems
+from vllm.multimodal.parse import AudioProcessorItems, ImageProcessorItems, MultiModalDataItems, MultiModalDataParser
+from vllm.multimodal.processing import (
+    BaseDummyInputsBuilder,
+    BaseMultiModalProcessor,
+    BaseProcessingInfo,
+    PromptReplacement,
+    PromptUpdate,
+    PromptUpdateDetails,
+)
+
+from apertus_plugins.chat import ChatTokenizer
+from apertus_plugins.media import audio as media_audio
+from apertus_plugins.media import image as media_image
+from apertus_plugins.vocab import VocabSpec
+
+__all__ = ["Apertus1p5ProcessingInfo", "Apertus1p5DummyInputsBuilder", "Apertus1p5MultiModalProcessor",
+           "DEFAULT_OPTIONS"]
+
+#: Processor options and their defaults (the serving default layout is the inference layout).
+DEFAULT_OPTIONS: dict[str, Any] = {
+    "image_layout": "inference",
+    "resize_policy": "released",
+    "audio_policy": "released",
+    "max_audio_seconds": 60.0,
+}
+
+
+def _tokenizer_dir(name: str) -> Path:
+    path = Path(name)
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(name, allow_patterns=["tokenizer*", "special_tokens_map.json"]))
+
+
+class Apertus1p5DataParser(MultiModalDataParser):
+    """Audio items become mono 24 kHz float32 through the core, from their own sample rate.
+
+    A bare array (no rate) is taken to be 24 kHz already, as the released processor does.
+    """
+
+    def __init__(self, *args: Any, audio_policy: str = "released", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.audio_policy = audio_policy
+
+    def _parse_audio_data(self, data: Any) -> Any:
+        if data is None or self.is_embeddings(data) or isinstance(data, dict):
+            return super()._parse_audio_data(data)
+        if isinstance(data, tuple) or (isinstance(data, (np.ndarray, torch.Tensor)) and data.ndim == 1) or (
+                isinstance(data, list) and data and isinstance(data[0], float)):
+            items = [data]
+        else:
+            items = list(data)
+        clips: list[np.ndarray | None] = []
+        for item in items:
+            if item is None:
+                clips.append(None)
+                continue
+            wave, rate = self._get_audio_with_sr(item)
+            wave = np.asarray(wave.numpy() if isinstance(wave, torch.Tensor) else wave, dtype=np.float32)
+            if wave.ndim == 2 and wave.shape[0] > wave.shape[1]:
+                wave = wave.T  # [samples, channels] -> [channels, samples]
+            clips.append(media_audio.preprocess_audio(wave, int(rate or media_audio.SAMPLE_RATE), self.audio_policy))
+        return AudioProcessorItems(clips)
+
+
+class Apertus1p5ProcessingInfo(BaseProcessingInfo):
+    """What the processor needs to know: the vocabulary layout, the header tokenizer, the options."""
+
+    @cached_property
+    def tokenizer_dir(self) -> Path:
+        return _tokenizer_dir(self.ctx.model_config.tokenizer)
+
+    @cached_property
+    def spec(self) -> VocabSpec:
+        return VocabSpec.from_tokenizer_dir(self.tokenizer_dir)
+
+    @cached_property
+    def chat_tokenizer(self) -> ChatTokenizer:
+        return ChatTokenizer(self.tokenizer_dir, self.spec)
+
+    def options(self, request_kwargs: Mapping[str, object] | None = None) -> dict[str, Any]:
+        """The processor options: defaults, then ``--mm-processor-kwargs``, then the request's."""
+        merged = self.ctx.get_merged_mm_kwargs(dict(request_kwargs or {}))
+        unknown = sorted(k for k in merged if k not in DEFAULT_OPTIONS and not k.endswith("_kwargs"))
+        if unknown:
+            raise ValueError(f"unknown Apertus 1.5 processor option(s) {unknown}; options are {sorted(DEFAULT_OPTIONS)}")
+        opts = {**DEFAULT_OPTIONS, **{k: v for k, v in merged.items() if k in DEFAULT_OPTIONS}}
+        if opts["image_layout"] not in media_image.LAYOUTS:
+            raise ValueError(f"unknown image_layout {opts['image_layout']!r}; layouts are {sorted(media_image.LAYOUTS)}")
+        return opts
+
+    def get_supported_mm_processor_kwargs(self) -> dict[str, set[str]]:
+        return {"text_kwargs": set(), "images_kwargs": set(), "audio_kwargs": set()}
+
+    def get_data_parser(self) -> MultiModalDataParser:
+        return Apertus1p5DataParser(expected_hidden_size=self._get_expected_hidden_size(),
+                                    audio_policy=self.options()["audio_policy"])
+
+    def get_supported_mm_limits(self) -> Mapping[str, int | None]:
+        return {"image": None, "audio": None}
+
+    # ------------------------------------------------------------------ sequences
+    def image_sequence(self, height: int, width: int, options: Mapping[str, Any]) -> np.ndarray:
+        """The placeholder sequence of an image of this original size (codes at ``<|image|>``)."""
+        rows, cols = media_image.image_grid(height, width, options["resize_policy"])
+        return media_image.image_placeholder_sequence(rows, cols, self.spec, options["image_layout"],
+                                                      self.chat_tokenizer.char_ids)
+
+    def audio_sequence(self, num_samples: int, options: Mapping[str, Any]) -> np.ndarray:
+        """The placeholder sequence of a 24 kHz clip of ``num_samples`` samples."""
+        limit = float(options["max_audio_seconds"])
+        if num_samples > limit * media_audio.SAMPLE_RATE:
+            raise ValueError(f"an audio clip of {num_samples / media_audio.SAMPLE_RATE:.1f} s is longer than the "
+                             f"{limit:g} s this server accepts (mm_processor_kwargs max_audio_seconds)")
+        return media_audio.audio_placeholder_sequence(media_audio.audio_code_count(num_samples), self.spec)
+
+    def max_image_side(self, budget: int) -> int:
+        """The largest square image (pixels per side) whose sequence fits in ``budget`` ids (at least 16)."""
+        opts = self.options()
+        side = media_image.MAX_PIXELS
+        best = 16
+        lo, hi = 1, int(side ** 0.5) // 16 + 1
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if len(self.image_sequence(16 * mid, 16 * mid, opts)) <= budget:
+                best, lo = 16 * mid, mid + 1
+            else:
+                hi = mid - 1
+        return best
+
+    def max_audio_samples(self, budget: int) -> int:
+        opts = self.options()
+        codes = min(int(float(opts["max_audio_seconds"]) * media_audio.SAMPLE_RATE) // media_audio.HOP, budget - 2)
+        return max(1, codes) * media_audio.HOP
+
+    def get_mm_max_tokens_per_item(self, seq_len: int, mm_counts: Mapping[str, int]) -> Mapping[str, int]:
+        opts = self.options()
+        side = self.max_image_side(seq_len)
+        return {"image": len(self.image_sequence(side, side, opts)),
+                "audio": len(self.audio_sequence(self.max_audio_samples(seq_len), opts))}
+
+
+class Apertus1p5DummyInputsBuilder(BaseDummyInputsBuilder[Apertus1p5ProcessingInfo]):
+    """The largest image and clip that fit the context, for vLLM's memory profiling."""
+
+    def get_dummy_text(self, mm_counts: Mapping[str, int]) -> str:
+        spec = self.info.spec
+        return spec.literal("image") * mm_counts.get("image", 0) + spec.literal("audio") * mm_counts.get("audio", 0)
+
+    def get_dummy_mm_data(self, seq_len: int, mm_counts: Mapping[str, int], mm_options: Any) -> dict[str, Any]:
+        side = self.info.max_image_side(seq_len)
+        samples = self.info.max_audio_samples(seq_len)
+        return {
+            "image": self._get_dummy_images(width=side, height=side, num_images=mm_counts.get("image", 0),
+                                            overrides=(mm_options or {}).get("image")),
+            "audio": [(np.zeros(samples, dtype=np.float32), media_audio.SAMPLE_RATE)] * mm_counts.get("audio", 0),
+        }
+
+
+class Apertus1p5MultiModalProcessor(BaseMultiModalProcessor[Apertus1p5ProcessingInfo]):
+    """Pixels and waveforms through the core; each placeholder becomes the item's sequence."""
+
+    def _call_hf_processor(self, hf_data: Mapping[str, object], hf_kwargs: Mapping[str, object]) -> BatchFeature:
+        opts = self.info.options(hf_kwargs)
+        out: dict[str, Any] = {}
+        images = hf_data.get("images") or []
+        if images:
+            pre = [media_image.preprocess_image(img, opts["resize_policy"]) for img in images]
+            out["pixel_values"] = [torch.from_numpy(p.pixels) for p in pre]
+        clips = hf_data.get("audio") or []
+        if clips:
+            for clip in clips:
+                self.info.audio_sequence(len(clip), opts)  # length check, with a clear message
+            out["input_values"] = [torch.from_numpy(np.ascontiguousarray(c, dtype=np.float32)) for c in clips]
+        return BatchFeature(out)
+
+    def _get_mm_fields_config(self, hf_inputs: BatchFeature,
+                              hf_processor_mm_kwargs: Mapping[str, object]) -> Mapping[str, MultiModalFieldConfig]:
+        return {"pixel_values": MultiModalFieldConfig.batched("image"),
+                "input_values": MultiModalFieldConfig.batched("audio")}
+
+    def _get_prompt_updates(self, mm_items: MultiModalDataItems, hf_processor_mm_kwargs: Mapping[str, object],
+                            out_mm_kwargs: MultiModalKwargsItems) -> Sequence[PromptUpdate]:
+        opts = self.info.options(hf_processor_mm_kwargs)
+        spec = self.info.spec
+        image_id, audio_id = spec.id("image"), spec.id("audio")
+
+        def image_replacement(item_idx: int) -> PromptUpdateDetails[list[int]]:
+            size = mm_items.get_items("image", ImageProcessorItems).get_image_size(item_idx)
+            seq = self.info.image_sequence(size.height, size.width, opts).tolist()
+            return PromptUpdateDetails.select_token_id(seq, embed_token_id=image_id)
+
+        def audio_replacement(item_idx: int) -> PromptUpdateDetails[list[int]]:
+            clip = mm_items.get_items("audio", AudioProcessorItems).get(item_idx)
+            seq = self.info.audio_sequence(len(clip), opts).tolist()
+            return PromptUpdateDetails.select_token_id(seq, embed_token_id=audio_id)
+
+        return [PromptReplacement(modality="image", target=[image_id], replacement=image_replacement),
+                PromptReplacement(modality="audio", target=[audio_id], replacement=audio_replacement)]
