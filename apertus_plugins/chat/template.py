@@ -14,7 +14,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-__all__ = ["VARIANTS", "ChatFormatError", "jinja_template", "normalize_messages", "render"]
+__all__ = ["VARIANTS", "ChatFormatError", "compile_template", "jinja_template", "normalize_messages", "render"]
 
 VARIANTS = ("inference", "training")
 TEXT_PARTS = ("text", "input_text")
@@ -46,16 +46,27 @@ def _raise(message: str) -> None:
 
 
 @cache
-def _compiled(variant: str) -> Any:
+def compile_template(source: str) -> Any:
+    """Compile a chat template source as ``transformers`` does for ``apply_chat_template``.
+
+    A sandboxed environment with ``trim_blocks``/``lstrip_blocks``, the loop controls, the
+    ``tojson`` filter and ``raise_exception``; used for this package's template and for the one a
+    checkpoint ships (``apertus doctor``).
+    """
+    from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     # the same filter and global transformers installs for chat templates
     env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False: json.dumps(
         x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys
     )
     env.globals["raise_exception"] = _raise
-    return env.from_string(jinja_template(variant))
+    return env.from_string(source)
+
+
+def _compiled(variant: str) -> Any:
+    return compile_template(jinja_template(variant))
 
 
 def _norm_part(part: Any, where: str) -> dict[str, Any]:
@@ -173,10 +184,14 @@ def render(
     continue_assistant_message: bool = False,
     variant: str = "inference",
     bos_token: str = "<s>",
+    template: str | None = None,
 ) -> str:
-    """Render a conversation to the exact string the model was trained on."""
+    """Render a conversation to the exact string the model was trained on.
+
+    ``template`` renders with another template source (a checkpoint's) instead of ``variant``'s.
+    """
     return render_normalized(normalize_messages(messages), tools, add_generation_prompt, enable_thinking,
-                             continue_assistant_message, variant, bos_token)
+                             continue_assistant_message, variant, bos_token, template)
 
 
 def render_normalized(
@@ -187,9 +202,11 @@ def render_normalized(
     continue_assistant_message: bool = False,
     variant: str = "inference",
     bos_token: str = "<s>",
+    template: str | None = None,
 ) -> str:
     """Render messages that :func:`normalize_messages` has already checked."""
-    return _compiled(variant).render(
+    compiled = _compiled(variant) if template is None else compile_template(template)
+    return compiled.render(
         messages=msgs,
         tools=tools or None,
         add_generation_prompt=add_generation_prompt,

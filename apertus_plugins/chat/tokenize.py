@@ -224,13 +224,18 @@ class ChatTokenizer:
         continue_assistant_message: bool = False,
         variant: str = "inference",
         media: Sequence[MediaItem] | None = None,
+        template: str | None = None,
     ) -> Encoded:
-        """Render and tokenize a conversation; see the module docstring for the guarantees."""
+        """Render and tokenize a conversation; see the module docstring for the guarantees.
+
+        ``template`` renders with another template source (a checkpoint's) instead of ``variant``'s;
+        the guarantees hold as long as that template emits user strings unchanged.
+        """
         msgs = _wrap_messages(normalize_messages(messages))
         text = render_normalized(msgs, tools=_wrap_tools(tools), add_generation_prompt=add_generation_prompt,
                                  enable_thinking=enable_thinking,
                                  continue_assistant_message=continue_assistant_message, variant=variant,
-                                 bos_token=self.spec.literal("bos"))
+                                 bos_token=self.spec.literal("bos"), template=template)
         return self._scan(text, media)
 
     def _scan(self, text: str, media: Sequence[MediaItem] | None) -> Encoded:

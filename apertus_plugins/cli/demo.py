@@ -13,10 +13,14 @@ import argparse
 import tempfile
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..vocab import VocabSpec
+
+if TYPE_CHECKING:
+    from ..doctor import Report
 
 CONVERSATION = {
     "messages": [
@@ -54,10 +58,12 @@ def serve(checkpoint: str) -> int:
                {"type": "image_url", "image_url": {"url": image}},
                {"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}}]
     print(f"\n== serving {checkpoint} with vLLM (about two minutes to start on a CPU) ==", flush=True)
-    with VLLMServer(checkpoint, args=[*CPU_ARGS, "--served-model-name", "apertus", "--reasoning-parser", "apertus"]) as srv:
+    with VLLMServer(checkpoint, args=[*CPU_ARGS, "--served-model-name", "apertus", "--reasoning-parser", "apertus",
+                                      "--enable-auto-tool-choice", "--tool-call-parser", "apertus"]) as srv:
         status, body = http_json(srv.url("/v1/chat/completions"), {
             "model": "apertus", "messages": [{"role": "user", "content": content}], "max_tokens": 24,
             "temperature": 0, "return_token_ids": True}, timeout=600)
+        report = doctor_report(checkpoint, srv.url(""))
     if status != 200:
         print(f"the server answered {status}: {body}")
         return 1
@@ -65,7 +71,28 @@ def serve(checkpoint: str) -> int:
     print(f"prompt: {len(ids)} ids (one BOS: {ids.count(ids[0]) == 1}); answer "
           f"({body['usage']['completion_tokens']} tokens, random weights):")
     print(repr(body["choices"][0]["message"]["content"]))
-    return 0
+    return print_doctor(report)
+
+
+def doctor_report(checkpoint: str, url: str | None = None) -> Report:
+    """The demo's last step: ``apertus doctor CHECKPOINT --serve URL`` on the demo checkpoint and its server."""
+    from ..doctor import run_doctor
+
+    return run_doctor(checkpoint, serve=url, probe_tokens=64)
+
+
+def print_doctor(report: Report) -> int:
+    """Print the doctor's table; the demo fails when a check fails, except the degeneration probe.
+
+    The demo's weights are random, so whether their greedy generations repeat themselves says
+    nothing about the plumbing; that verdict is printed, not counted.
+    """
+    print(f"\n== apertus doctor {report.checkpoint}" + (f" --serve {report.serve}" if report.serve else "") + " ==")
+    print(report.table())
+    failed = report.ids("fail") - {"serve.degeneration"}
+    if "serve.degeneration" in report.ids("fail"):
+        print("(serve.degeneration fails on these random weights; it is not counted in the demo's exit code)")
+    return 1 if failed else 0
 
 
 def _media_path(name: str) -> Path:

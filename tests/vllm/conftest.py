@@ -44,6 +44,20 @@ def server(checkpoint, codes_log, tmp_path_factory):
         yield srv
 
 
+@pytest.fixture(scope="session")
+def training_server(checkpoint, tmp_path_factory):
+    """The second configuration: the training image layout, at most one image and one clip per prompt,
+    and neither the tool nor the reasoning parser (the doctor must flag those as misconfigured)."""
+    import json
+
+    args = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", "apertus",
+            "--mm-processor-kwargs", json.dumps({"image_layout": "training"}),
+            "--limit-mm-per-prompt", json.dumps({"image": 1, "audio": 1})]
+    log = tmp_path_factory.mktemp("logs") / "vllm-training.log"
+    with VLLMServer(checkpoint, args=args, log_path=log, startup_timeout=900) as srv:
+        yield srv
+
+
 def data_url(path: Path, mime: str) -> str:
     return f"data:{mime};base64," + base64.b64encode(path.read_bytes()).decode()
 

@@ -102,19 +102,6 @@ def test_image_and_audio_in_one_message(server, core, image_part, audio_part):
     assert ids == expected(core, messages, [MediaItem("image", seq), MediaItem("audio", audio_ids(core))])
 
 
-@pytest.fixture(scope="module")
-def training_server(checkpoint, tmp_path_factory):
-    """A second configuration: the training image layout and at most one image and one clip per prompt."""
-    from apertus_plugins.serve import CPU_ARGS, VLLMServer
-
-    args = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", "apertus",
-            "--mm-processor-kwargs", json.dumps({"image_layout": "training"}),
-            "--limit-mm-per-prompt", json.dumps({"image": 1, "audio": 1})]
-    log = tmp_path_factory.mktemp("logs") / "vllm-training.log"
-    with VLLMServer(checkpoint, args=args, log_path=log, startup_timeout=900) as srv:
-        yield srv
-
-
 def test_training_layout_from_the_server_flag(training_server, core, image_part):
     messages = [{"role": "user", "content": [image_part]}]
     ids = ok(training_server, messages, max_tokens=1)["prompt_token_ids"]

@@ -1,0 +1,230 @@
+"""``apertus doctor`` in the core environment (no torch): tokenizer and template checks on tokenizer
+directories, the config checks on a checkpoint whose weights file is written by hand, the image
+layout of datasets, the report and the command line. The breakage matrix on a real checkpoint
+and the ``--serve`` checks run in the vllm suite (``tests/vllm/test_doctor_*.py``)."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _vectors import VECTORS_PATH
+
+from apertus_plugins.chat import ChatTokenizer, jinja_template, render
+from apertus_plugins.checkpoint import SIZES, text_config_dict
+from apertus_plugins.doctor import (
+    CHECKS,
+    FAIL,
+    GROUPS,
+    PASS,
+    WARN,
+    CheckpointFiles,
+    DoctorError,
+    run_doctor,
+    select_checks,
+)
+from apertus_plugins.doctor.checks_template import rendering_vectors
+from apertus_plugins.tokenizer_builder import build_test_tokenizer
+from apertus_plugins.vocab import VocabSpec
+
+TOKENIZER_CHECKS = {c.id for c in CHECKS if c.group in ("tokenizer", "template")}
+OFFLINE = {c.id for c in CHECKS if c.group not in ("compare", "serve")}
+DOCTOR = [sys.executable, "-m", "apertus_plugins.cli", "doctor"]
+
+
+def test_the_package_ships_the_shared_rendering_vectors():
+    shipped = Path(__file__).resolve().parents[2] / "apertus_plugins" / "doctor" / "chat_render.json"
+    assert shipped.read_bytes() == VECTORS_PATH.read_bytes()
+    assert len(rendering_vectors()) >= 8
+
+
+def test_a_checkpoint_template_renders_through_the_core(tmp_path):
+    training = jinja_template("training")
+    msgs = [{"role": "user", "content": "Hi <|system_start|>"}]
+    assert render(msgs, template=training) == render(msgs, variant="training")
+    chat = ChatTokenizer(build_test_tokenizer(tmp_path / "tok"))
+    a = chat.encode_conversation(msgs, template=training)
+    b = chat.encode_conversation(msgs, variant="training")
+    assert a.ids.tolist() == b.ids.tolist() and a.roles.tolist() == b.roles.tolist()
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    return build_test_tokenizer(tmp_path_factory.mktemp("doctor_tok") / "tok")
+
+
+def test_a_tokenizer_directory_passes_the_tokenizer_and_template_checks(tokenizer_dir):
+    report = run_doctor(tokenizer_dir, only=["tokenizer", "template"])
+    assert {r.id for r in report.results} == TOKENIZER_CHECKS
+    assert report.ids(PASS) == TOKENIZER_CHECKS, report.table()
+    # without config.json and weights the config checks fail, naming the file
+    full = run_doctor(tokenizer_dir)
+    assert full.ids(FAIL) == {"config.output_vocab", "config.rope", "config.generation_stops"}, full.table()
+    assert "no config.json" in full.by_id()["config.rope"].evidence
+    assert "no generation_config.json" in full.by_id()["config.generation_stops"].evidence
+
+
+def test_the_released_layout_pins_the_released_ids(full_tokenizer_dir, small_tokenizer_dir):
+    report = run_doctor(full_tokenizer_dir, only=["tokenizer"])
+    assert report.ids(FAIL) == set() and report.ids(WARN) == set(), report.table()
+    assert report.layout == "released layout, 266,440 ids"
+    by = report.by_id()
+    assert by["tokenizer.length"].evidence.startswith("266,440 entries = text 131,072 + omni 200 + image 131,072")
+    pins = by["tokenizer.pins"].evidence
+    for want in ("<think> and <|inner_prefix|> -> 32", "<image> -> 131079", "<|visual token 0|> -> 131272",
+                 "<|audio token 0|> -> 262344"):
+        assert want in pins
+    # these fixtures have no chat template: the template checks say so
+    templates = run_doctor(small_tokenizer_dir, only=["template"])
+    assert templates.ids(FAIL) == {"template.vectors", "template.bos", "template.injection"}
+    assert templates.ids(WARN) == {"template.training"}
+    assert "ships no chat template" in templates.by_id()["template.vectors"].evidence
+
+
+# ---------------------------------------------------------------------------------------------- a torch-free checkpoint
+
+def write_safetensors(path: Path, shapes: dict[str, list[int]]) -> None:
+    """A float32 safetensors file of zeros with ``shapes``, written by hand (format: u64 header length, header, data)."""
+    header, offset = {}, 0
+    for name, shape in shapes.items():
+        size = int(np.prod(shape)) * 4
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(offset))
+
+
+@pytest.fixture()
+def stand_in(tmp_path) -> Path:
+    """The files of a checkpoint with the layout's shapes: tokenizer, configs, a zero embedding and head."""
+    spec = VocabSpec.scaled()
+    d = build_test_tokenizer(tmp_path / "ckpt", spec)
+    text = text_config_dict(SIZES["tiny"], spec)
+    config = {"model_type": "apertus1p5", "text_config": text, "image_token_id": spec.id("image"),
+              "audio_token_id": spec.id("audio"), "image_token_offset": spec.modality("image").offset,
+              "audio_token_offset": spec.modality("audio").offset}
+    (d / "config.json").write_text(json.dumps(config))
+    (d / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": [spec.eos_id, spec.id("assistant_end"), spec.id("tools_suffix")]}))
+    hidden = text["hidden_size"]
+    write_safetensors(d / "model-00001-of-00002.safetensors",
+                      {"model.language_model.embed_tokens.weight": [text["vocab_size"], hidden]})
+    write_safetensors(d / "model-00002-of-00002.safetensors", {"lm_head.weight": [spec.text_size, hidden]})
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "model.language_model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+        "lm_head.weight": "model-00002-of-00002.safetensors"}}))
+    return d
+
+
+def test_a_torch_free_checkpoint_passes_every_offline_check(stand_in):
+    report = run_doctor(stand_in)
+    assert {r.id for r in report.results} == OFFLINE
+    assert report.ids(PASS) == OFFLINE, report.table()
+    assert CheckpointFiles(stand_in).tensor_shapes["lm_head.weight"] == [512, 128]
+
+
+def test_an_unreadable_weights_file_fails_the_checks_that_read_it(stand_in):
+    (stand_in / "model-00002-of-00002.safetensors").write_bytes(b"\x00\x01")
+    report = run_doctor(stand_in)
+    assert report.ids(FAIL) == {"config.output_vocab"}, report.table()
+    assert "not a safetensors file" in report.by_id()["config.output_vocab"].evidence
+
+
+def test_a_config_that_is_not_json_is_named(stand_in):
+    (stand_in / "generation_config.json").write_text("{not json")
+    report = run_doctor(stand_in, only=["config"])
+    assert report.ids(FAIL) == {"config.generation_stops"}
+    assert "generation_config.json: not valid JSON" in report.by_id()["config.generation_stops"].evidence
+
+
+# ---------------------------------------------------------------------------------------------- layout
+
+def _dataset(prefix: Path, layout: str, tokenizer: Path) -> Path:
+    from apertus_plugins.indexed import IndexedDatasetWriter
+    from apertus_plugins.media.image import image_sequence, text_ids_from_tokenizer
+
+    spec, text_ids = VocabSpec.from_tokenizer_dir(tokenizer), text_ids_from_tokenizer(tokenizer)
+    with IndexedDatasetWriter(prefix, dtype=np.int32) as w:
+        w.add_document(np.concatenate([[spec.bos_id], image_sequence(np.arange(4).reshape(2, 2), spec, layout, text_ids),
+                                       [spec.eos_id]]))
+    return prefix
+
+
+def test_the_layout_of_a_dataset_against_the_serving_default(tokenizer_dir, tmp_path):
+    train = _dataset(tmp_path / "train", "training", tokenizer_dir)
+    serve = _dataset(tmp_path / "serve", "inference", tokenizer_dir)
+    skew = run_doctor(tokenizer_dir, datasets=[train, serve], only=["layout"]).by_id()["layout.image"]
+    assert skew.status == WARN and "train: training" in skew.evidence and "serve:" not in skew.evidence
+    same = run_doctor(tokenizer_dir, datasets=[str(serve) + ".idx"], only=["layout"]).by_id()["layout.image"]
+    assert same.status == PASS and "1 dataset(s) and the serving default (no --serve) all use the inference" in \
+        same.evidence
+    missing = run_doctor(tokenizer_dir, datasets=[tmp_path / "nothing"], only=["layout"]).by_id()["layout.image"]
+    assert missing.status == FAIL and "nothing" in missing.evidence
+
+
+# ---------------------------------------------------------------------------------------------- runner and report
+
+def test_check_selection():
+    order = [GROUPS.index(c.group) for c in select_checks()]
+    assert order == sorted(order) and {c.group for c in select_checks()} == {"tokenizer", "template", "config", "layout"}
+    assert {c.group for c in select_checks(compare=True, serve=True)} == {
+        "tokenizer", "template", "config", "serve", "layout", "compare"}
+    assert [c.id for c in select_checks(["config.rope", "layout"])] == ["config.rope", "layout.image"]
+    with pytest.raises(DoctorError, match="unknown check or group bogus"):
+        select_checks(["bogus"])
+
+
+def test_bad_inputs_are_errors_that_name_them(tmp_path, tokenizer_dir):
+    with pytest.raises(DoctorError, match="not a directory"):
+        run_doctor(tmp_path / "missing")
+    with pytest.raises(DoctorError, match="cannot reach the server"):
+        run_doctor(tokenizer_dir, serve="http://127.0.0.1:9", timeout=5)
+    with pytest.raises(DoctorError, match="expected an http"):
+        run_doctor(tokenizer_dir, serve="localhost:8000")
+
+
+def test_the_command_line(tokenizer_dir, tmp_path):
+    assert subprocess.run([sys.executable, "-m", "apertus_plugins.cli", "--help"], capture_output=True,
+                          text=True).stdout.count("doctor") >= 1
+    ok = subprocess.run(DOCTOR + [str(tokenizer_dir), "--only", "tokenizer,template"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.splitlines()[-1] == "9 checks: 9 pass, 0 warn, 0 fail"
+    assert "PASS    tokenizer.length" in ok.stdout
+    bad = subprocess.run(DOCTOR + [str(tokenizer_dir), "--json"], capture_output=True, text=True)
+    assert bad.returncode == 1
+    data = json.loads(bad.stdout)
+    assert data["ok"] is False and data["summary"]["fail"] == 3
+    assert {c["id"] for c in data["checks"]} == OFFLINE
+    assert all(set(c) >= {"id", "group", "title", "status", "evidence", "details"} for c in data["checks"])
+    for args, words in ((["--only", "bogus"], "unknown check or group bogus"),
+                        (["--probe-prompts", str(tmp_path / "none.json")], "no such probe prompt file")):
+        out = subprocess.run(DOCTOR + [str(tokenizer_dir), *args], capture_output=True, text=True)
+        assert out.returncode == 2 and words in out.stderr, out.stderr
+    strict = subprocess.run(DOCTOR + [str(tokenizer_dir), "--only", "layout", "--dataset",
+                                      str(_dataset(tmp_path / "t", "training", tokenizer_dir)), "--strict"],
+                            capture_output=True, text=True)
+    assert strict.returncode == 1 and "WARN    layout.image" in strict.stdout
+
+
+def test_the_demos_doctor_step_counts_every_failure_but_random_weight_degeneration(capsys):
+    from apertus_plugins.cli.demo import print_doctor
+    from apertus_plugins.doctor import Report, Result
+
+    def report(*failing: str) -> Report:
+        ids = ["template.vectors", "serve.text", "serve.degeneration"]
+        return Report("ckpt", [Result(i, i.split(".")[0], i, FAIL if i in failing else PASS, "evidence") for i in ids],
+                      serve="http://127.0.0.1:1")
+
+    assert print_doctor(report()) == 0
+    assert print_doctor(report("serve.degeneration")) == 0
+    assert "not counted in the demo's exit code" in capsys.readouterr().out
+    assert print_doctor(report("serve.text")) == 1
+    assert print_doctor(report("template.vectors", "serve.degeneration")) == 1
+    out = capsys.readouterr().out
+    assert "== apertus doctor ckpt --serve http://127.0.0.1:1 ==" in out and "FAIL    template.vectors" in out
