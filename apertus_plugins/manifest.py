@@ -5,7 +5,7 @@ A manifest is a JSON file::
     {"format": "apertus-dataset-manifest", "version": 1,
      "datasets": [{"prefix": ..., "bin_bytes": ..., "idx_bytes": ..., "dtype": ...,
                    "sequences": ..., "documents": ..., "tokens": ...,
-                   "bin_sha256": ..., "idx_sha256": ...}, ...]}
+                   "bin_sha256": ..., "idx_sha256": ..., "metadata": {...} (optional)}, ...]}
 
 :func:`write_manifest` writes it atomically (temporary file + rename); :func:`verify_manifest`
 checks a list of prefixes against it before a run starts and raises :class:`ManifestError` listing
@@ -18,7 +18,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,18 +61,34 @@ def describe_dataset(prefix: str | os.PathLike[str], *, checksums: bool = True) 
     return entry
 
 
-def write_manifest(prefixes: Iterable[str | os.PathLike[str]], out: str | os.PathLike[str]) -> dict[str, Any]:
-    """Describe every prefix and write the manifest to ``out`` atomically; returns the manifest."""
+def write_manifest(
+    prefixes: Iterable[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    metadata: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Describe every prefix and write the manifest to ``out`` atomically; returns the manifest.
+
+    ``metadata`` maps a prefix to JSON-ready facts about how it was made (for example the image
+    layout its sequences use); they are stored in the entry under ``"metadata"`` and are not
+    checked by :func:`verify_manifest`.
+    """
     prefixes = [os.fspath(p) for p in prefixes]
+    metadata = {os.fspath(k): dict(v) for k, v in (metadata or {}).items()}
+    unknown = sorted(set(metadata) - set(prefixes))
+    if unknown:
+        raise ManifestError(f"metadata given for prefixes not in the list: {', '.join(unknown)}")
     dupes = sorted({p for p in prefixes if prefixes.count(p) > 1})
     if dupes:
         raise ManifestError(f"prefixes listed twice: {', '.join(dupes)}")
     entries = []
     for p in prefixes:
         try:
-            entries.append(describe_dataset(p))
+            entry = describe_dataset(p)
         except IndexedDatasetError as exc:
             raise ManifestError(f"{p}: {exc}") from exc
+        if p in metadata:
+            entry["metadata"] = metadata[p]
+        entries.append(entry)
     manifest = {"format": FORMAT, "version": _VERSION, "datasets": entries}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

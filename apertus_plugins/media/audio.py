@@ -20,7 +20,8 @@ from ..vocab import VocabSpec
 
 __all__ = [
     "SAMPLE_RATE", "HOP", "TARGET_PEAK_DBFS", "AudioError", "AudioPolicy", "AUDIO_POLICIES", "RESAMPLERS",
-    "load_audio", "peak_normalize", "preprocess_audio", "audio_code_count", "audio_only_sequence",
+    "RESAMPLED_LENGTHS",
+    "load_audio", "peak_normalize", "preprocess_audio", "resampled_length", "audio_code_count", "audio_only_sequence",
     "audio_sequence", "audio_placeholder_sequence", "transcription_sequence", "interleaved_sequences",
 ]
 
@@ -82,6 +83,22 @@ def _resample_fft(x: np.ndarray, rate: int) -> np.ndarray:
 RESAMPLERS: dict[str, Callable[[np.ndarray, int], np.ndarray]] = {
     "poly": _resample_poly,
     "fft": _resample_fft,
+}
+
+
+def _poly_length(n: int, rate: int) -> int:
+    ratio = Fraction(SAMPLE_RATE, rate)
+    return -(-n * ratio.numerator // ratio.denominator)  # scipy's resample_poly: ceil(n * up / down)
+
+
+def _fft_length(n: int, rate: int) -> int:
+    return max(int(round(n * SAMPLE_RATE / rate)), 1)
+
+
+#: Output length of each resampler: ``(samples, sample_rate) -> samples at 24 kHz``.
+RESAMPLED_LENGTHS: dict[str, Callable[[int, int], int]] = {
+    "poly": _poly_length,
+    "fft": _fft_length,
 }
 
 
@@ -152,6 +169,27 @@ def preprocess_audio(waveform: Any, sample_rate: int, policy: str | AudioPolicy 
     if p.target_peak_dbfs is not None:
         x = peak_normalize(x, p.target_peak_dbfs)
     return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def resampled_length(num_samples: int, sample_rate: int, policy: str | AudioPolicy = "released") -> int:
+    """Samples of :func:`preprocess_audio`'s output for a clip of ``num_samples`` frames at ``sample_rate``.
+
+    Computed from the two numbers alone (a file header is enough), so a planner can group clips of
+    identical length without decoding them.
+    """
+    p = _audio_policy(policy)
+    n, rate = int(num_samples), int(sample_rate)
+    if n <= 0:
+        raise AudioError("the audio has no samples")
+    if rate <= 0:
+        raise AudioError(f"invalid sample rate {rate}")
+    if rate == SAMPLE_RATE:
+        return n
+    try:
+        length = RESAMPLED_LENGTHS[p.resampler]
+    except KeyError:
+        raise ValueError(f"unknown resampler {p.resampler!r}; resamplers are {', '.join(RESAMPLED_LENGTHS)}") from None
+    return length(n, rate)
 
 
 def audio_code_count(num_samples: int) -> int:

@@ -212,17 +212,24 @@ KERNELS: dict[str, Callable[[np.ndarray, tuple[int, int]], np.ndarray]] = {
 }
 
 
-def _open(path: Any) -> Any:
+def _open(source: Any) -> Any:
+    """Open and decode a path or the bytes of an image file, EXIF-transposed."""
+    import io
+
     from PIL import Image, ImageOps, UnidentifiedImageError
 
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such image file")
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        name: Any = f"<{len(source)} bytes>"
+        fh: Any = io.BytesIO(bytes(source))
+    else:
+        name = fh = Path(source)
+        if not fh.is_file():
+            raise FileNotFoundError(f"{fh}: no such image file")
     try:
-        img = Image.open(path)
+        img = Image.open(fh)
         img.load()
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        raise ImageError(f"{path}: not a readable image ({exc})") from exc
+        raise ImageError(f"{name}: not a readable image ({exc})") from exc
     return ImageOps.exif_transpose(img)
 
 
@@ -254,8 +261,8 @@ def to_rgb_array(image: Any) -> np.ndarray:
     """An image as uint8 ``[H, W, 3]`` RGB, converted as the released processor converts it.
 
     PIL images with an alpha band or a ``transparency`` entry are composited onto white
-    (``Image.alpha_composite``), others go through ``convert("RGB")``; paths are opened with
-    Pillow and EXIF-transposed; uint8 arrays (``[H, W]``, ``[H, W, C]`` or ``[C, H, W]`` with
+    (``Image.alpha_composite``), others go through ``convert("RGB")``; paths and the bytes of an
+    image file are opened with Pillow and EXIF-transposed; uint8 arrays (``[H, W]``, ``[H, W, C]`` or ``[C, H, W]`` with
     C in 1, 3, 4) follow the processor's tensor path (grey repeated, RGBA composited onto white
     in float32).
     """
@@ -263,7 +270,7 @@ def to_rgb_array(image: Any) -> np.ndarray:
 
     if isinstance(image, np.ndarray):
         return _array_to_rgb(image)
-    if isinstance(image, (str, Path)) or hasattr(image, "__fspath__"):
+    if isinstance(image, (str, Path, bytes, bytearray, memoryview)) or hasattr(image, "__fspath__"):
         image = _open(image)
     if not isinstance(image, Image.Image):
         raise ImageError(f"expected a PIL image, a uint8 array or a path, got {type(image).__name__}")
@@ -278,7 +285,7 @@ def preprocess_image(image: Any, policy: str | ResizePolicy = "released") -> Pre
     """Convert to RGB, resize per ``policy`` and map to [-1, 1].
 
     Args:
-        image: a PIL image, a uint8 array or a path (see :func:`to_rgb_array`).
+        image: a PIL image, a uint8 array, a path or the bytes of a file (see :func:`to_rgb_array`).
         policy: a name in :data:`POLICIES` or a :class:`ResizePolicy`. ``"released"`` gives the
             released ``Apertus1p5ImageProcessor``'s ``pixel_values`` bit for bit.
 
