@@ -38,7 +38,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from .plugins import hookimpl
+from .hooks import hookimpl
 
 __all__ = [
     "DEFAULT_FEEDBACK_TEMPLATE",

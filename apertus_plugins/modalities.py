@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .plugins import Modality, hookimpl
+from .hooks import Modality, hookimpl
 
 
 def _image_sequence(codes: Any, spec: Any, layout: str = "inference", **kw: Any) -> Any:

@@ -25,7 +25,7 @@ import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .plugins import hookimpl
+from .hooks import hookimpl
 
 __all__ = [
     "ANSWER_TOOL",
