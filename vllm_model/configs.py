@@ -39,6 +39,18 @@ DEFAULT_ROPE = {
 }
 
 
+def _derived_setter(prop: str) -> Any:
+    """A setter for a value the core derives from other fields: a checkpoint's ``config.json`` carries it
+    (the port writes it), so loading sets it; a value that disagrees with the fields is an error."""
+
+    def setter(self: Any, value: Any) -> None:
+        derived = getattr(self.core(), prop)
+        if value is not None and int(value) != derived:
+            raise ValueError(f"{self.model_type}: {prop} {value} disagrees with the other fields, which give {derived}")
+
+    return setter
+
+
 def _encoder_config_class(name: str, core: type, doc: str) -> type[PretrainedConfig]:
     """A ``PretrainedConfig`` with the fields and defaults of one of the core's encoder configs.
 
@@ -55,7 +67,7 @@ def _encoder_config_class(name: str, core: type, doc: str) -> type[PretrainedCon
     }
     for prop in ("spatial_scale_factor", "hop_length"):
         if isinstance(getattr(core, prop, None), property):
-            namespace[prop] = property(lambda self, _p=prop: getattr(self.core(), _p))
+            namespace[prop] = property(lambda self, _p=prop: getattr(self.core(), _p), _derived_setter(prop))
     namespace["core"] = lambda self: core.from_dict(self.to_dict())
     return type(name, (PretrainedConfig,), namespace)
 

@@ -56,6 +56,26 @@ def test_config_round_trip_through_autoconfig(tmp_path):
     assert back.audio_config.hop_length == 600 and back.vision_config.spatial_scale_factor == 16
 
 
+def test_the_derived_encoder_fields_of_a_written_config_load(tmp_path):
+    """The port's config.json carries spatial_scale_factor and hop_length; they load, and must agree."""
+    import json
+
+    from transformers import AutoConfig
+
+    configs.register()
+    cfg = configs.Apertus1p5Config(vision_config={"codebook_size": 256}, audio_config={"codebook_size": 64},
+                                   image_token_offset=131272, audio_token_offset=131528)
+    cfg.save_pretrained(tmp_path)
+    data = json.loads((tmp_path / "config.json").read_text())
+    data["vision_config"]["spatial_scale_factor"], data["audio_config"]["hop_length"] = 16, 600
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    back = AutoConfig.from_pretrained(tmp_path)
+    assert back.vision_config.spatial_scale_factor == 16 and back.audio_config.hop_length == 600
+    data["vision_config"]["spatial_scale_factor"] = 8
+    with pytest.raises(ValueError, match="spatial_scale_factor 8 disagrees with the other fields, which give 16"):
+        configs.Apertus1p5Config(**{k: v for k, v in data.items() if k != "model_type"})
+
+
 def test_released_defaults():
     cfg = configs.Apertus1p5Config()
     assert (cfg.text_config.vocab_size, cfg.image_token_id, cfg.audio_token_id) == (266752, 131079, 131085)
