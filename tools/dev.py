@@ -218,7 +218,9 @@ def cmd_demo(args: list[str]) -> int:
         rc = subprocess.call([str(vllm / "bin" / "apertus"), "make-checkpoint", str(ckpt)], env=env)
         if rc:
             return rc
-        return subprocess.call([str(vllm / "bin" / "apertus"), "demo", "--serve", str(ckpt)], env=env)
+        # the same conversation again, its codes computed by the checkpoint's encoders, then served
+        return subprocess.call([str(vllm / "bin" / "apertus"), "demo", "--checkpoint", str(ckpt), "--serve", str(ckpt)],
+                               env=env)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

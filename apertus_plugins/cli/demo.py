@@ -2,9 +2,10 @@
 
 Renders a multimodal conversation (a bundled image and audio clip, thinking, a tool call),
 tokenizes it injection-safely with the media placeholders expanded into their sequences, and
-prints the token layout with roles. The media codes come from the vision and audio encoders;
-until a checkpoint with encoders is given, each code position holds the modality's placeholder
-id, which is exactly what a serving processor emits before it runs the encoders.
+prints the token layout with roles. With ``--checkpoint`` (needs torch) the tokenizer, the vision
+and audio encoders come from that checkpoint and the code positions hold the codes they compute;
+without it, the embedded test tokenizer is built and each code position holds the modality's
+placeholder id, which is exactly what a serving processor emits before it runs the encoders.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="render and tokenize a multimodal conversation, print its layout",
                        description=__doc__.split("\n\n")[0])
     p.add_argument("--tokenizer", help="a tokenizer directory (default: build the embedded test tokenizer)")
+    p.add_argument("--checkpoint", metavar="DIR",
+                   help="a released-layout checkpoint: its tokenizer and its vision/audio encoders fill in the codes "
+                        "(needs torch)")
     p.add_argument("--layout", default="inference", choices=["inference", "training"], help="image layout")
     p.add_argument("--enable-thinking", action="store_true", default=True)
     p.add_argument("--serve", metavar="CHECKPOINT",
@@ -106,8 +110,10 @@ def run(args: argparse.Namespace) -> int:
     from ..tokenizer_builder import build_test_tokenizer
 
     tmp = None
-    if args.tokenizer:
-        tok_dir = Path(args.tokenizer)
+    if args.checkpoint and args.tokenizer:
+        raise SystemExit("apertus demo: give --checkpoint or --tokenizer, not both (a checkpoint holds its tokenizer)")
+    if args.checkpoint or args.tokenizer:
+        tok_dir = Path(args.checkpoint or args.tokenizer)
     else:
         tmp = tempfile.TemporaryDirectory(prefix="apertus-demo-")
         tok_dir = build_test_tokenizer(Path(tmp.name) / "tokenizer", VocabSpec.scaled())
@@ -119,9 +125,19 @@ def run(args: argparse.Namespace) -> int:
     wave, rate = audio_mod.load_audio(_media_path("demo.wav"))
     clip = audio_mod.preprocess_audio(wave, rate)
     n_codes = audio_mod.audio_code_count(clip.shape[-1])
-    image_ids = image_mod.image_placeholder_sequence(rows, cols, spec, layout=args.layout,
-                                                     text_ids=chat.text_ids)
-    audio_ids = audio_mod.audio_placeholder_sequence(n_codes, spec)
+    if args.checkpoint:
+        from ..encoders import encode_audio, encode_images, load_media_tokenizers
+
+        vision, audio = load_media_tokenizers(args.checkpoint)
+        grid = encode_images(vision, [img])[0]
+        image_ids = image_mod.image_sequence(grid, spec, args.layout, chat.text_ids)
+        audio_ids = audio_mod.audio_sequence(encode_audio(audio, [clip])[0], spec)
+        source = f"codes from the encoders of {args.checkpoint}"
+    else:
+        image_ids = image_mod.image_placeholder_sequence(rows, cols, spec, layout=args.layout,
+                                                         text_ids=chat.text_ids)
+        audio_ids = audio_mod.audio_placeholder_sequence(n_codes, spec)
+        source = "placeholder ids (no --checkpoint: the encoders did not run)"
 
     messages = CONVERSATION["messages"]
     rendered = render(messages, enable_thinking=args.enable_thinking)
@@ -130,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     print("== rendered (chat template, inference variant) ==")
     print(rendered)
     print()
-    print(f"== media ==\nimage {_media_path('demo.png').name}: resized to {img.height}x{img.width}, "
+    print(f"== media: {source} ==\nimage {_media_path('demo.png').name}: resized to {img.height}x{img.width}, "
           f"grid {rows}x{cols} = {rows * cols} codes, {len(image_ids)} ids in the {args.layout} layout")
     print(f"audio {_media_path('demo.wav').name}: {wave.shape[-1]} samples at {rate} Hz -> "
           f"{clip.shape[-1]} at 24 kHz = {n_codes} codes, {len(audio_ids)} ids")

@@ -105,3 +105,33 @@ def test_cli_errors_and_help_without_torch(ckpt, tmp_path):
                         "print(c.vision.codebook_size, c.audio.hop_length)", str(ckpt)],
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0 and r.stdout.split() == ["256", "600"], r.stderr
+
+
+def test_demo_with_a_checkpoint_fills_in_the_encoders_codes(ckpt):
+    """``apertus demo --checkpoint``: the code positions hold the checkpoint's codes (the port's, for the clip)."""
+    import re
+
+    from _encoder_oracles import port_audio
+
+    from apertus_plugins.cli.demo import _media_path
+    from apertus_plugins.encoders import load_audio_tokenizer
+
+    placeholders = apertus("demo", "--tokenizer", str(ckpt))
+    assert placeholders.returncode == 0, placeholders.stderr
+    assert "placeholder ids" in placeholders.stdout and "image=0, audio=0" in placeholders.stdout
+    r = apertus("demo", "--checkpoint", str(ckpt))
+    assert r.returncode == 0, r.stderr
+    assert f"codes from the encoders of {ckpt}" in r.stdout
+    line = next(row for row in r.stdout.splitlines() if row.startswith("ids per block: "))
+    blocks = {k: int(v) for k, v in (kv.split("=") for kv in line.split(": ")[1].split(", "))}
+    n_image = int(re.search(r"grid \d+x\d+ = (\d+) codes", r.stdout).group(1))
+    n_audio = int(re.search(r"= (\d+) codes, \d+ ids\n", r.stdout).group(1))
+    assert (blocks["image"], blocks["audio"]) == (n_image, n_audio)
+    # the first audio codes shown are the port's codes of the preprocessed clip
+    wave, rate = audio.load_audio(_media_path("demo.wav"))
+    clip = torch.from_numpy(audio.preprocess_audio(wave, rate))[None]
+    want = port_audio_codes(port_audio(load_audio_tokenizer(ckpt)), clip)[0, :5].tolist()
+    line = next(row for row in r.stdout.splitlines() if re.match(r"audio +\d+ +\d+ ", row))  # the layout row
+    assert [int(c) for c in re.findall(r"<\|audio token (\d+)\|>", line)] == want
+    both = apertus("demo", "--checkpoint", str(ckpt), "--tokenizer", str(ckpt))
+    assert both.returncode != 0 and "not both" in both.stderr
