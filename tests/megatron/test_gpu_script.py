@@ -1,4 +1,4 @@
-"""The CPU-side parts of the prepared GPU script (benchmarks/gpu_megatron_smoke.py).
+"""The CPU-side parts of the prepared GPU script (benchmarks/gpu/megatron_smoke.py).
 
 The data it writes passes the plugin's preflight and builds with megatron-core's builder under
 the exact flags it passes; its log reader understands Megatron's training-log lines and refuses a
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def smoke() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_megatron_smoke", ROOT / "benchmarks" / "gpu_megatron_smoke.py")
+    spec = importlib.util.spec_from_file_location("megatron_smoke", ROOT / "benchmarks" / "gpu" / "megatron_smoke.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

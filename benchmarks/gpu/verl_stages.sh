@@ -2,7 +2,7 @@
 # GPU check of the verl adapter (prepared; NOT yet run on a GPU): three SDPO steps and three online
 # DPO steps with vLLM rollouts through verl's own entry point and the packaged configs, plus the SDPO
 # loss benchmark at the full 16 x 4,096 size. One command, a few minutes on one GPU:
-#   MODEL=/path/to/small/hf/model DATA=/path/to/prompts.parquet bash benchmarks/gpu_verl_stages.sh
+#   MODEL=/path/to/small/hf/model DATA=/path/to/prompts.parquet bash benchmarks/gpu/verl_stages.sh
 # Needs: verl 0.9.1 with vllm, transferqueue, this package installed (the verl.plugins entry point),
 # and a judge endpoint: by default a vLLM server of $MODEL started here on port 8011.
 set -euo pipefail

@@ -2,7 +2,7 @@
 
 One command on a machine with one CUDA GPU (a few minutes)::
 
-    MEGATRON_LM=/path/to/Megatron-LM python benchmarks/gpu_megatron_smoke.py run --out /tmp/smoke
+    MEGATRON_LM=/path/to/Megatron-LM python benchmarks/gpu/megatron_smoke.py run --out /tmp/smoke
 
 It writes a blend of pretraining data (documents of every modality) and SFT data (conversations
 tokenized by the core's chat tokenizer) with a manifest, runs upstream ``pretrain_gpt.py`` through
@@ -17,7 +17,7 @@ where PyPI is reachable) copies the needed part of a checkout to ``.megatron-lm/
 the wheels the GPU machine lacks into ``.whl/`` (megatron-core, this package, and Megatron-LM's
 import-time needs), so that both can be carried there::
 
-    python benchmarks/gpu_megatron_smoke.py prepare --megatron-lm /path/to/Megatron-LM
+    python benchmarks/gpu/megatron_smoke.py prepare --megatron-lm /path/to/Megatron-LM
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: Parts of a Megatron-LM checkout the run imports (megatron.core comes from the wheel).
 CHECKOUT_PARTS = ("pretrain_gpt.py", "gpt_builders.py", "model_provider.py", "megatron/training", "megatron/legacy",
                   "megatron/post_training", "megatron/rl")
@@ -228,7 +228,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         subprocess.run([*base, w], check=True)
     print(f"prepared {dest} and {wheels}; carry both (.megatron-lm and .whl) and run on the GPU machine:\n"
           "  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && "
-          "PYTHONPATH=/tmp/site MEGATRON_LM=.megatron-lm python3 benchmarks/gpu_megatron_smoke.py run --out /tmp/smoke")
+          "PYTHONPATH=/tmp/site MEGATRON_LM=.megatron-lm python3 benchmarks/gpu/megatron_smoke.py run --out /tmp/smoke")
     return 0
 
 
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except SmokeError as exc:
-        print(f"gpu_megatron_smoke: error: {exc}", file=sys.stderr)
+        print(f"megatron_smoke: error: {exc}", file=sys.stderr)
         return 1
 
 
