@@ -36,6 +36,7 @@ from apertus_plugins.chat import ChatTokenizer, parse_output
 from apertus_plugins.judges import make_judge
 
 from . import dpo, sdpo
+from .schedule import install_lr_schedule
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ class ApertusActorRolloutRefWorker(ActorRolloutRefWorker):
         else:
             raise ValueError(f"unknown apertus stage {stage!r}")
         self.actor.set_loss_fn(fn)
+        # verl's FSDP engine knows constant and cosine only; the DPO stages decay linearly
+        install_lr_schedule(self.actor.engine, str(options.get("lr_schedule", "verl")))
 
 
 class _ApertusTrainer(PPOTrainerSync):
