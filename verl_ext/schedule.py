@@ -77,7 +77,7 @@ def install_lr_schedule(engine: Any, kind: str, optim_config: Any | None = None)
     if not isinstance(old, LRScheduler):
         raise RuntimeError(f"the {type(engine).__name__} schedules with {type(old).__name__}, not a torch scheduler; "
                            "with the megatron strategy use verl's own actor_rollout_ref.actor.optim."
-                           "lr_scheduler_type=linear and leave the apertus lr_schedule at 'verl'")
+                           "lr_decay_style=linear and leave the apertus lr_schedule at 'verl'")
     cfg = optim_config if optim_config is not None else engine.optimizer_config
     min_ratio = getattr(cfg, "min_lr_ratio", None)
     fn = LinearWarmupDecay(warmup=warmup_steps(cfg), total=int(cfg.total_training_steps),

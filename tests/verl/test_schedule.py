@@ -144,7 +144,7 @@ def test_verl_keeps_the_engines_schedule_and_unknown_kinds_fail(one_process_grou
         install_lr_schedule(SimpleNamespace(optimizer=None, lr_scheduler=None), "linear")
     # a scheduler that is not torch's (Megatron's) is refused with the way out
     odd = SimpleNamespace(optimizer=engine.optimizer, lr_scheduler=object(), optimizer_config=engine.optimizer_config)
-    with pytest.raises(RuntimeError, match="lr_scheduler_type=linear"):
+    with pytest.raises(RuntimeError, match="optim.lr_decay_style=linear"):
         install_lr_schedule(odd, "linear")
     # the horizon must be known (verl fills total_training_steps at run time)
     engine.optimizer_config.total_training_steps = -1
