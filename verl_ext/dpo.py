@@ -10,15 +10,23 @@ The per-step data flow of online DPO (SPEC section 6)::
       -> micro-batches with verl's force_group_size=2 (pairs never split)
       -> reference log-probs (verl's ref worker), then dpo_loss_fn  (the worker's loss)
 
-Offline DPO reads the same interleaved layout from a static pair file (:func:`load_pair_file`,
-:func:`pairs_to_batch`) and uses the length-normalized loss.
+Offline DPO (SPEC section 6) reads a static pair file and uses the length-normalized loss::
+
+    pair file (JSON lines)                                         load_pair_file()
+      -> prompt / chosen / rejected ids rendered by the core       encode_pairs()
+      -> interleaved rows in verl's nested layout (the fields an
+         agent-loop trajectory carries), whole pairs per step       pair_rows()
+      -> pair-preserving dp balancing                              balance_pairs()
+      -> reference log-probs (verl's ref worker), then dpo_loss_fn with length_normalize=True
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +43,14 @@ __all__ = [
     "judge_scores",
     "dpo_loss_fn",
     "load_pair_file",
-    "pairs_to_batch",
+    "EncodedPair",
+    "encode_pair",
+    "encode_pairs",
+    "pair_rows",
+    "offline_step_rows",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: rows per preference pair; passed to verl as ``force_group_size`` so micro-batches keep pairs whole
 PAIR_GROUP_SIZE = 2
@@ -155,8 +169,9 @@ def dpo_loss_fn(config: Any, model_output: dict, data: Any, dp_group: Any = None
 def load_pair_file(path: str | Path) -> list[dict[str, Any]]:
     """Read a static pair file (JSON lines): ``{"prompt": messages, "chosen": str, "rejected": str}``.
 
-    ``prompt`` is a list of chat messages (or a string, one user turn). Every record is checked;
-    the error names the line.
+    ``prompt`` is a list of chat messages (``{"role": ..., "content": ...}``) or a string (one user
+    turn, turned into that list). Blank lines are skipped. Every record is checked; an error names
+    the file and the line.
     """
     path = Path(path)
     if not path.is_file():
@@ -166,64 +181,161 @@ def load_pair_file(path: str | Path) -> list[dict[str, Any]]:
         for n, line in enumerate(fh, 1):
             if not line.strip():
                 continue
+            where = f"{path}:{n}"
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{n}: not JSON: {exc}") from exc
+                raise ValueError(f"{where}: not JSON: {exc}") from exc
+            if not isinstance(rec, dict):
+                raise ValueError(f"{where}: a pair is a JSON object, got {type(rec).__name__}")
             for key in ("prompt", "chosen", "rejected"):
                 if key not in rec:
-                    raise ValueError(f"{path}:{n}: missing {key!r}")
-            if isinstance(rec["prompt"], str):
-                rec["prompt"] = [{"role": "user", "content": rec["prompt"]}]
+                    raise ValueError(f"{where}: missing {key!r}")
+            prompt = rec["prompt"]
+            if isinstance(prompt, str):
+                prompt = [{"role": "user", "content": prompt}]
+            if (not isinstance(prompt, list) or not prompt
+                    or not all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt)):
+                raise ValueError(f"{where}: prompt must be a string or a non-empty list of messages "
+                                 "with 'role' and 'content'")
             if not all(isinstance(rec[k], str) and rec[k] for k in ("chosen", "rejected")):
-                raise ValueError(f"{path}:{n}: chosen and rejected must be non-empty strings")
-            records.append(rec)
+                raise ValueError(f"{where}: chosen and rejected must be non-empty strings")
+            records.append({**rec, "prompt": prompt})
     if not records:
         raise ValueError(f"pair file {path} holds no pairs")
     return records
 
 
-def pairs_to_batch(records: Sequence[dict[str, Any]], encode_prompt: Callable[[list[dict[str, Any]]], list[int]],
-                   encode_response: Callable[[str], list[int]], max_prompt_len: int, max_response_len: int,
-                   pad_id: int = 0) -> Any:
-    """Interleaved :class:`verl.DataProto` of offline pairs in verl's padded layout.
+@dataclass(frozen=True)
+class EncodedPair:
+    """One offline preference pair as token ids: the prompt (with the generation prompt) and both responses.
 
-    ``encode_prompt(messages)`` renders a prompt with the generation prompt (the core's
-    :class:`~apertus_plugins.chat.ChatTokenizer`); ``encode_response(text)`` tokenizes a
-    response including its end-of-turn token. Prompts are left-padded to ``max_prompt_len``,
-    responses right-padded to ``max_response_len``; longer ones are an error naming the pair.
-    Tensors: ``input_ids``, ``attention_mask``, ``position_ids``, ``prompts``, ``responses``,
-    ``response_mask``, ``pair_id``, ``is_chosen``.
+    ``index`` is the pair's position in the pair file (its ``pair_id`` in every batch).
     """
-    from verl import DataProto
 
-    rows_p, rows_r, pair_ids, chosen = [], [], [], []
-    for p, rec in enumerate(records):
-        prompt = list(encode_prompt(rec["prompt"]))
+    index: int
+    prompt: tuple[int, ...]
+    chosen: tuple[int, ...]
+    rejected: tuple[int, ...]
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of both rows (prompt counted twice): the pair's workload for balancing."""
+        return 2 * len(self.prompt) + len(self.chosen) + len(self.rejected)
+
+
+def encode_pair(chat_tokenizer: Any, record: dict[str, Any], enable_thinking: bool = False,
+                ) -> tuple[list[int], list[int], list[int]]:
+    """``(prompt, chosen, rejected)`` ids of a pair record, rendered by the core chat template.
+
+    The prompt is the conversation with the generation prompt; each response is the assistant turn
+    the template appends to it (content, thinking delimiters if the text has a thinking span, and
+    the end-of-turn token), i.e. the ids after the prompt in the rendering of the conversation with
+    that assistant message. ``chat_tokenizer`` is an :class:`apertus_plugins.chat.ChatTokenizer`.
+    """
+    messages = list(record["prompt"])
+    prompt = [int(i) for i in chat_tokenizer.encode_conversation(messages, add_generation_prompt=True,
+                                                                 enable_thinking=enable_thinking).ids]
+    out = []
+    for key in ("chosen", "rejected"):
+        full = [int(i) for i in chat_tokenizer.encode_conversation(
+            [*messages, {"role": "assistant", "content": record[key]}], enable_thinking=enable_thinking).ids]
+        if full[:len(prompt)] != prompt or len(full) == len(prompt):
+            raise ValueError(f"the chat template does not render the {key} response as a continuation of its prompt "
+                             f"(prompt {messages!r:.200})")
+        out.append(full[len(prompt):])
+    return prompt, out[0], out[1]
+
+
+def encode_pairs(records: Sequence[dict[str, Any]], chat_tokenizer: Any, max_prompt_len: int, max_response_len: int,
+                 max_length: int | None = None, enable_thinking: bool = False, drop_overlong: bool = False,
+                 progress: bool = False) -> list[EncodedPair]:
+    """Encode every record of a pair file (:func:`load_pair_file`) with :func:`encode_pair`.
+
+    A prompt longer than ``max_prompt_len``, a response longer than ``max_response_len``, or a row
+    (prompt + response) longer than ``max_length`` is an error naming the pair, or, with
+    ``drop_overlong``, the pair is left out (the count is logged).
+    """
+    from tqdm import tqdm
+
+    pairs: list[EncodedPair] = []
+    dropped = 0
+    for n, rec in enumerate(tqdm(records, desc="encoding pairs", unit="pair", disable=not progress)):
+        prompt, chosen, rejected = encode_pair(chat_tokenizer, rec, enable_thinking=enable_thinking)
+        problem = None
         if len(prompt) > max_prompt_len:
-            raise ValueError(f"pair {p}: prompt has {len(prompt)} tokens, more than max_prompt_len={max_prompt_len}")
-        for key in ("chosen", "rejected"):
-            resp = list(encode_response(rec[key]))
-            if not resp or len(resp) > max_response_len:
-                raise ValueError(f"pair {p}: {key} response has {len(resp)} tokens (1..{max_response_len} allowed)")
-            rows_p.append(prompt)
-            rows_r.append(resp)
-            pair_ids.append(p)
-            chosen.append(key == "chosen")
-    n = len(rows_p)
-    prompts = torch.full((n, max_prompt_len), pad_id, dtype=torch.int64)
-    responses = torch.full((n, max_response_len), pad_id, dtype=torch.int64)
-    pmask = torch.zeros((n, max_prompt_len), dtype=torch.int64)
-    rmask = torch.zeros((n, max_response_len), dtype=torch.int64)
-    for i, (pr, rs) in enumerate(zip(rows_p, rows_r, strict=True)):
-        prompts[i, max_prompt_len - len(pr):] = torch.tensor(pr)
-        pmask[i, max_prompt_len - len(pr):] = 1
-        responses[i, :len(rs)] = torch.tensor(rs)
-        rmask[i, :len(rs)] = 1
-    attention = torch.cat([pmask, rmask], dim=1)
-    position = (attention.cumsum(1) - 1).clamp_min(0)
-    return DataProto.from_dict(tensors={
-        "input_ids": torch.cat([prompts, responses], dim=1), "attention_mask": attention,
-        "position_ids": position, "prompts": prompts, "responses": responses, "response_mask": rmask,
+            problem = f"prompt has {len(prompt)} tokens, more than max_prompt_len={max_prompt_len}"
+        for key, ids in (("chosen", chosen), ("rejected", rejected)):
+            if problem is None and len(ids) > max_response_len:
+                problem = f"{key} response has {len(ids)} tokens, more than max_response_len={max_response_len}"
+            if problem is None and max_length is not None and len(prompt) + len(ids) > max_length:
+                problem = (f"prompt + {key} response have {len(prompt) + len(ids)} tokens, "
+                           f"more than max_length={max_length}")
+        if problem is not None:
+            if not drop_overlong:
+                raise ValueError(f"pair {n}: {problem} (drop such pairs with drop_overlong)")
+            dropped += 1
+            continue
+        pairs.append(EncodedPair(n, tuple(prompt), tuple(chosen), tuple(rejected)))
+    limits = f"{max_prompt_len} prompt / {max_response_len} response / {max_length} total tokens"
+    if dropped:
+        logger.warning("left out %d of %d pairs longer than %s", dropped, len(records), limits)
+    if not pairs:
+        raise ValueError(f"no pair of {len(records)} fits {limits}")
+    return pairs
+
+
+def pair_rows(pairs: Sequence[EncodedPair]) -> tuple[Any, list[dict[str, Any]]]:
+    """The rows of ``pairs`` in verl's nested layout, interleaved (chosen, rejected), and their tags.
+
+    Returns ``(TensorDict, tags)``: per row the fields a verl agent-loop trajectory carries into the
+    TransferQueue (``prompts``, ``responses``, ``input_ids``, ``position_ids``, ``response_mask``,
+    ``loss_mask``; jagged nested tensors) plus ``pair_id`` (int64) and ``is_chosen`` (bool); the tags
+    hold ``prompt_len``, ``response_len`` and ``seq_len`` as verl's replay buffer tags do.
+    """
+    from verl.utils import tensordict_utils as tu
+
+    if not pairs:
+        raise ValueError("no preference pairs")
+    prompts, responses, pair_ids, chosen, tags = [], [], [], [], []
+    for pair in pairs:
+        for is_chosen, resp in ((True, pair.chosen), (False, pair.rejected)):
+            if not resp or not pair.prompt:
+                raise ValueError(f"pair {pair.index}: empty prompt or response")
+            prompts.append(torch.tensor(pair.prompt, dtype=torch.int64))
+            responses.append(torch.tensor(resp, dtype=torch.int64))
+            pair_ids.append(pair.index)
+            chosen.append(is_chosen)
+            tags.append({"prompt_len": len(pair.prompt), "response_len": len(resp),
+                         "seq_len": len(pair.prompt) + len(resp)})
+
+    def nested(rows: list[torch.Tensor]) -> torch.Tensor:
+        return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+
+    seqs = [torch.cat([p, r]) for p, r in zip(prompts, responses, strict=True)]
+    ones = [torch.ones(len(r), dtype=torch.int64) for r in responses]
+    td = tu.get_tensordict({
+        "prompts": nested(prompts), "responses": nested(responses), "input_ids": nested(seqs),
+        "position_ids": nested([torch.arange(len(s)) for s in seqs]),
+        "response_mask": nested(ones), "loss_mask": nested([o.clone() for o in ones]),
         "pair_id": torch.tensor(pair_ids, dtype=torch.int64), "is_chosen": torch.tensor(chosen),
     })
+    return td, tags
+
+
+def offline_step_rows(pairs: Sequence[EncodedPair], dp_size: int, step: int = 0,
+                      ) -> tuple[Any, list[dict[str, Any]], list[str]]:
+    """One offline DPO step's rows, ordered for ``dp_size`` data-parallel ranks: ``(fields, tags, keys)``.
+
+    Whole pairs are balanced over the ranks by tokens (:func:`balance_pairs`), so verl's
+    contiguous split gives each rank whole pairs, chosen row first; ``keys`` name each row in the
+    TransferQueue (``pair<index>_<c|r>_<step>``, unique within and across steps).
+    """
+    seqlens = [n for p in pairs for n in (len(p.prompt) + len(p.chosen), len(p.prompt) + len(p.rejected))]
+    order = balance_pairs(seqlens, dp_size)
+    ordered = [pairs[order[2 * k] // PAIR_GROUP_SIZE] for k in range(len(pairs))]
+    fields, tags = pair_rows(ordered)
+    for tag in tags:
+        tag.update(global_steps=step, status="success")
+    keys = [f"pair{p.index}_{side}_{step}" for p in ordered for side in ("c", "r")]
+    return fields, tags, keys

@@ -3,7 +3,8 @@
 It checks the verl version, then registers with verl's own registries:
 
 * the reward manager ``apertus`` (``reward.reward_manager.name=apertus``);
-* the trainers ``apertus_sdpo`` and ``apertus_online_dpo`` (``trainer.v1.trainer_mode``).
+* the trainers ``apertus_sdpo``, ``apertus_online_dpo`` and ``apertus_offline_dpo``
+  (``trainer.v1.trainer_mode``).
 
 The RLVR preset needs nothing registered: it selects verl's RLOO, group filtering and GMPO
 (``geo_mean``) by name. verl swallows exceptions raised by plugins, so failures are logged
@@ -41,7 +42,7 @@ def register() -> dict[str, list[str]]:
     except ImportError as exc:  # the v1 trainer needs transfer_queue
         logger.warning("apertus trainers not registered: %s", exc)
     else:
-        for name in ("apertus_sdpo", "apertus_online_dpo"):
+        for name in ("apertus_sdpo", "apertus_online_dpo", "apertus_offline_dpo"):
             if name not in REGISTERED["trainers"]:
                 REGISTERED["trainers"].append(name)
     return REGISTERED

