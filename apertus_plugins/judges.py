@@ -18,8 +18,8 @@ the judge cannot be reached.
 Judges register through the core's plugin hook ``apertus_judges`` (``"openai"`` here), so a
 third party adds a backend without touching this file::
 
-    from apertus_plugins.plugins import registry
-    judge = registry().judges["openai"](base_url="http://127.0.0.1:8000/v1", model="judge")
+    from apertus_plugins.plugins import make_judge
+    judge = make_judge("openai", base_url="http://127.0.0.1:8000/v1", model="judge")
 """
 
 from __future__ import annotations
@@ -350,16 +350,6 @@ class OpenAIJudge:
     def rate_batch(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
         """:meth:`rate` for many items, ``max_workers`` requests at a time, in order."""
         return self._map(self.rate, prompts, responses)
-
-
-def make_judge(name: str = "openai", **config: Any) -> Judge:
-    """Build a registered judge backend by name (``apertus_judges`` hook) from its config."""
-    from .plugins import registry
-
-    judges = registry().judges
-    if name not in judges:
-        raise KeyError(f"unknown judge backend {name!r}; registered: {', '.join(sorted(judges))}")
-    return judges[name](**config)
 
 
 @hookimpl

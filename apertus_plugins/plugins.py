@@ -25,7 +25,7 @@ import pluggy
 from .hooks import PROJECT, ApertusHookSpecs, Modality, hookimpl, hookspec
 
 __all__ = ["PROJECT", "hookspec", "hookimpl", "Modality", "ApertusHookSpecs", "Registry", "get_plugin_manager",
-           "registry"]
+           "make_judge", "registry"]
 
 @dataclass
 class Registry:
@@ -97,3 +97,11 @@ def build_registry(pm: pluggy.PluginManager) -> Registry:
 def registry() -> Registry:
     """The process-wide registry (built-ins plus installed ``apertus`` plugins), built once."""
     return build_registry(get_plugin_manager())
+
+
+def make_judge(name: str = "openai", **config: Any) -> Any:
+    """Build the judge backend registered as ``name`` (``apertus_judges`` hook) from its config."""
+    judges = registry().judges
+    if name not in judges:
+        raise KeyError(f"unknown judge backend {name!r}; registered: {', '.join(sorted(judges))}")
+    return judges[name](**config)

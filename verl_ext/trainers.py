@@ -36,7 +36,7 @@ from verl.utils.debug import marked_timer
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from apertus_plugins.chat import ChatTokenizer, parse_output
-from apertus_plugins.judges import make_judge
+from apertus_plugins.plugins import make_judge
 
 from . import dpo, sdpo
 from .schedule import install_lr_schedule

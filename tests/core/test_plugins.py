@@ -58,6 +58,15 @@ def test_judges_rewards_and_rules_are_collected():
     assert "no-op" in reg.target_rules
 
 
+
+def test_make_judge_builds_the_registered_backend_and_names_the_known_ones():
+    from apertus_plugins.judges import OpenAIJudge
+
+    judge = plugins.make_judge("openai", base_url="http://127.0.0.1:9/v1", model="judge", scale=(1, 5))
+    assert isinstance(judge, OpenAIJudge) and judge.model == "judge"
+    with pytest.raises(KeyError, match="unknown judge backend 'nope'; registered: .*openai"):
+        plugins.make_judge("nope")
+
 THIRD_PARTY_MODULE = '''
 from apertus_plugins.plugins import Modality, hookimpl
 

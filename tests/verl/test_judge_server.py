@@ -20,8 +20,8 @@ from apertus_plugins.judges import (
     OpenAIJudge,
     RatingScale,
     expected_rating,
-    make_judge,
 )
+from apertus_plugins.plugins import make_judge
 from apertus_plugins.serve import free_port
 
 
