@@ -154,7 +154,12 @@ def ifeval_reward(response: str, ground_truth: Mapping[str, Any] | str, **kw: An
         args = checker.get_instruction_args()
         if args and "prompt" in args and gt.get("prompt") is not None:
             checker.build_description(prompt=gt["prompt"])
-        followed.append(bool(answer.strip() and checker.check_following(answer)))
+        try:
+            followed.append(bool(answer.strip() and checker.check_following(answer)))
+        except LookupError as exc:  # nltk data (punkt_tab) the sentence checkers load on first use
+            raise LookupError(f"IFEval instruction {iid!r} needs nltk data that is not installed "
+                              f"(python -m nltk.downloader punkt_tab, or set NLTK_DATA): {str(exc).strip()[:300]}"
+                              ) from exc
     if kw.get("strict", True):
         return 1.0 if all(followed) else 0.0
     return sum(followed) / len(followed)

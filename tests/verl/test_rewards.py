@@ -48,6 +48,17 @@ def test_ifeval_checkers_on_real_examples():
         fn("x", {"instruction_id_list": ["no:such"], "kwargs": [{}]})
 
 
+
+def test_ifeval_sentence_checker_without_nltk_data_names_the_instruction_and_the_fix(tmp_path, monkeypatch):
+    import nltk
+
+    monkeypatch.setattr(nltk.data, "path", [str(tmp_path)])  # an nltk data folder without punkt_tab
+    fn = registry().reward_functions["ifeval"]
+    sentences = {"instruction_id_list": ["length_constraints:number_sentences"],
+                 "kwargs": [{"num_sentences": 2, "relation": "at least"}]}
+    with pytest.raises(LookupError, match="'length_constraints:number_sentences' needs nltk data.*punkt_tab"):
+        fn("One sentence. Two sentences.", sentences)
+
 def test_exact_match_and_verl_compute_score_dispatch():
     fn = registry().reward_functions["exact_match"]
     assert fn(CALL.format(arg='"Paris"'), "paris") == 1.0
