@@ -123,6 +123,17 @@ def test_an_unreachable_server_is_a_clear_error() -> None:
         model._post(model.payload("q", [], {}))
 
 
+def test_the_served_model_and_its_context_length(vllm_server: VLLMServer) -> None:
+    from conftest import SERVED_NAME
+
+    from eval_tasks.lmms_model import Apertus, ServerUnreachable
+
+    model = Apertus(base_url=vllm_server.base_url)
+    assert model.model == SERVED_NAME and model._context_length() == 4096  # CPU_ARGS' --max-model-len
+    with pytest.raises(ServerUnreachable, match=rf"does not serve model 'other' .*it serves {SERVED_NAME}"):
+        Apertus(base_url=vllm_server.base_url, model="other")._context_length()
+
+
 def test_wrapped_tasks_read_local_images_and_audio(data_env: Path) -> None:
     from PIL import Image
 
