@@ -6,10 +6,11 @@ It checks the verl version, then registers with verl's own registries:
 * the trainers ``apertus_sdpo``, ``apertus_online_dpo`` and ``apertus_offline_dpo``
   (``trainer.v1.trainer_mode``);
 * with ``transformers``' Auto classes, the Apertus 1.5 configs and the text-only causal LM
-  :class:`apertus_plugins.hf.modeling.Apertus1p5ForCausalLM` (``AutoModelForCausalLM`` and ``AutoModel``),
-  so that verl's FSDP engine loads a released Apertus 1.5 checkpoint from ``actor_rollout_ref.model.path``:
-  its ``get_hf_auto_model_class`` picks ``AutoModel`` for the architecture ``Apertus1p5ForConditionalGeneration``
-  (``AutoModelForCausalLM`` where ``override_config.architectures`` names ``Apertus1p5ForCausalLM``).
+  :class:`apertus_plugins.hf.modeling.Apertus1p5ForCausalLM` (``AutoModelForCausalLM`` and
+  ``AutoModelForImageTextToText``, where the installed ``transformers`` has no ``apertus1p5``), so that
+  verl loads a released Apertus 1.5 checkpoint from ``actor_rollout_ref.model.path`` as that class:
+  the FSDP engine's ``get_hf_auto_model_class`` picks ``AutoModelForImageTextToText`` for a config type it
+  maps, and the checkpoint manager and model merger pick it for ``...ForConditionalGeneration``.
 
 The RLVR preset needs nothing registered: it selects verl's RLOO, group filtering and GMPO
 (``geo_mean``) by name. verl swallows exceptions raised by plugins, so failures are logged

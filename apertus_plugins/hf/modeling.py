@@ -13,9 +13,14 @@ ignored on load and are no part of the state dict: a text-only post-training sta
 RLVR, SDPO) trains the decoder and head, and the names of what it saves or sends to a vLLM
 rollout are exactly the checkpoint's (``model.language_model.*``, ``lm_head.weight``).
 
-:func:`register` adds the class to ``AutoModelForCausalLM`` and ``AutoModel`` for the
-``apertus1p5`` config, where the installed ``transformers`` has no model of that type (those before
-the released port, 5.24); the verl adapter calls it in every verl process.
+:func:`register` adds the class to ``AutoModelForCausalLM`` and ``AutoModelForImageTextToText`` for
+the ``apertus1p5`` config, where the installed ``transformers`` has no model of that type (those
+before the released port, 5.24); the verl adapter calls it in every verl process. verl picks
+``AutoModelForImageTextToText`` for a config whose type that class maps (its FSDP engine's
+``get_hf_auto_model_class``) and for the architecture ``...ForConditionalGeneration`` (its
+checkpoint manager and model merger), so the released checkpoint's own ``config.json`` leads verl
+to this class; ``AutoModelForCausalLM`` serves code that asks for a causal LM by name. With the
+released port installed, its own classes stay (the multimodal model).
 """
 
 from __future__ import annotations
@@ -24,18 +29,15 @@ import re
 
 import torch
 from torch import nn
-from transformers import AutoModel, AutoModelForCausalLM, GenerationMixin, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.models.apertus.modeling_apertus import ApertusModel
 
 from .configs import Apertus1p5Config
 from .configs import register as register_configs
+from .layout import ENCODER_PREFIXES
 
 __all__ = ["ENCODER_PREFIXES", "Apertus1p5ForCausalLM", "register"]
-
-#: The checkpoint tensors this class leaves alone: the media tokenizers, which only a multimodal model runs.
-ENCODER_PREFIXES = ("model.vision_tokenizer.", "model.audio_tokenizer.")
-
 
 class Apertus1p5LanguageModelHolder(nn.Module):
     """The ``model`` module of the released layout, holding only its ``language_model`` (the decoder)."""
@@ -135,7 +137,7 @@ class Apertus1p5ForCausalLM(PreTrainedModel, GenerationMixin):
 def register() -> list[str]:
     """Register the configs and this class with ``transformers``' Auto classes where they lack ``apertus1p5``.
 
-    Returns what was added (``"AutoConfig:<type>"``, ``"AutoModelForCausalLM"``, ``"AutoModel"``).
+    Returns what was added (``"AutoConfig:<type>"``, ``"AutoModelForCausalLM"``, ``"AutoModelForImageTextToText"``).
     Idempotent. A ``transformers`` with the released port (5.24 and later) keeps its own classes.
     """
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -143,7 +145,7 @@ def register() -> list[str]:
     added = [f"AutoConfig:{t}" for t in register_configs()]
     if CONFIG_MAPPING[Apertus1p5Config.model_type] is not Apertus1p5Config:
         return added  # the installed transformers has the released port
-    for auto in (AutoModelForCausalLM, AutoModel):
+    for auto in (AutoModelForCausalLM, AutoModelForImageTextToText):
         if Apertus1p5Config in auto._model_mapping:
             continue
         auto.register(Apertus1p5Config, Apertus1p5ForCausalLM)

@@ -8,13 +8,15 @@ FSDP wrapping, which needs an accelerator's device mesh, is left out.
 
 from __future__ import annotations
 
+import re
 import socket
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from apertus_plugins.hf.modeling import ENCODER_PREFIXES, Apertus1p5ForCausalLM
+from apertus_plugins.hf.layout import ENCODER_PREFIXES
+from apertus_plugins.hf.modeling import Apertus1p5ForCausalLM
 
 
 def _free_port() -> int:
@@ -57,17 +59,17 @@ def verl_module(apertus_checkpoint):
 
 
 def test_verl_picks_the_causal_lm_for_the_released_config(apertus_checkpoint):
-    from transformers import AutoModel, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
     from verl.utils.model import get_hf_auto_model_class
+    from verl.utils.transformers_compat import get_auto_model_for_vision2seq
 
     cfg = _model_config(apertus_checkpoint)
     assert cfg.architectures == ["Apertus1p5ForConditionalGeneration"]  # the checkpoint's, unchanged
-    assert get_hf_auto_model_class(cfg.hf_config) is AutoModel
-    assert AutoModel._model_mapping[type(cfg.hf_config)] is Apertus1p5ForCausalLM
-    # naming the text-only class through verl's override_config selects AutoModelForCausalLM (and the same class)
-    named = _model_config(apertus_checkpoint, architectures=["Apertus1p5ForCausalLM"])
-    assert get_hf_auto_model_class(named.hf_config) is AutoModelForCausalLM
-    assert AutoModelForCausalLM._model_mapping[type(named.hf_config)] is Apertus1p5ForCausalLM
+    # the engine's choice, and the checkpoint manager's / model merger's for "...ForConditionalGeneration"
+    picked = get_hf_auto_model_class(cfg.hf_config)
+    assert picked is get_auto_model_for_vision2seq()
+    assert picked._model_mapping[type(cfg.hf_config)] is Apertus1p5ForCausalLM
+    assert AutoModelForCausalLM._model_mapping[type(cfg.hf_config)] is Apertus1p5ForCausalLM
 
 
 def test_verl_loads_every_language_model_tensor_and_no_encoder(verl_module, apertus_checkpoint):
@@ -130,3 +132,49 @@ def test_training_step_reaches_every_language_model_parameter(verl_module):
     model.zero_grad()
     model.eval()
     assert torch.isfinite(out.loss) and not no_grad, no_grad
+
+
+def test_verls_model_merger_saves_the_text_weights_and_they_merge_back(verl_module, apertus_checkpoint, tmp_path,
+                                                                     capsys):
+    """verl's model merger writes the trained class as a Hugging Face directory; ``apertus merge-text-weights``
+    puts those tensors back into the released checkpoint, whose encoders stay as they were."""
+    from verl.model_merger.base_model_merger import ModelMergerConfig
+    from verl.model_merger.fsdp_model_merger import FSDPModelMerger
+
+    from apertus_plugins.cli import main
+
+    with torch.no_grad():
+        trained = {k: (v + 0.25 * torch.sign(v)).clone() for k, v in verl_module.state_dict().items()}
+    hf_dir = tmp_path / "hf"
+    merger = FSDPModelMerger(ModelMergerConfig(operation="merge", backend="fsdp", target_dir=str(hf_dir),
+                                               hf_model_config_path=str(apertus_checkpoint),
+                                               local_dir=str(tmp_path / "actor")))
+    assert merger.get_transformers_auto_model_class()._model_mapping[type(merger.model_config)] is Apertus1p5ForCausalLM
+    merger.save_hf_model_and_tokenizer(dict(trained))
+    saved = load_file(str(hf_dir / "model.safetensors"))
+    assert set(saved) == set(trained)  # text tensors only, under the released names (bfloat16, verl's choice)
+
+    out = tmp_path / "merged"
+    assert main(["merge-text-weights", str(hf_dir), str(apertus_checkpoint), str(out)]) == 0
+    released = load_file(str(apertus_checkpoint / "model.safetensors"))
+    merged = load_file(str(out / "model.safetensors"))
+    assert set(merged) == set(released)
+    for name, value in merged.items():
+        assert value.dtype == released[name].dtype, name
+        want = released[name] if name.startswith(ENCODER_PREFIXES) else saved[name].to(value.dtype)
+        assert torch.equal(value, want), name
+    assert (out / "config.json").read_text() == (apertus_checkpoint / "config.json").read_text()
+    assert not torch.equal(merged["lm_head.weight"], released["lm_head.weight"])
+
+    # a directory without every text tensor is refused by name, and nothing is written
+    from safetensors.torch import save_file
+
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    save_file({k: v for k, v in saved.items() if k != "lm_head.weight"}, str(partial / "model.safetensors"))
+    capsys.readouterr()
+    assert main(["merge-text-weights", str(partial), str(apertus_checkpoint), str(tmp_path / "x")]) != 0
+    assert re.search(r"partial: not the text weights .*missing \['lm_head.weight'\]", capsys.readouterr().err)
+    assert not (tmp_path / "x").exists()
+    assert main(["merge-text-weights", str(hf_dir), str(apertus_checkpoint), str(out)]) != 0
+    assert "the output directory exists" in capsys.readouterr().err

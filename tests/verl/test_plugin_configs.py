@@ -13,11 +13,11 @@ PROBE = r"""
 import json, verl, sys
 from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
 from verl.trainer.ppo.v1 import get_trainer_cls
-from transformers import AutoModel, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 cfg = CONFIG_MAPPING["apertus1p5"]
 out = {
-    "transformers": [cfg.__module__] + [a._model_mapping[cfg].__name__ for a in (AutoModelForCausalLM, AutoModel)],
+    "transformers": [cfg.__module__] + [a._model_mapping[cfg].__name__ for a in (AutoModelForCausalLM, AutoModelForImageTextToText)],
     "plugin_loaded": "verl_ext.plugin" in sys.modules,
     "reward_manager": get_reward_manager_cls("apertus").__name__,
     "trainers": [get_trainer_cls(n).__name__ for n in ("apertus_sdpo", "apertus_online_dpo", "apertus_offline_dpo")],
