@@ -89,6 +89,13 @@ def main() -> None:
         if nai and eff:
             row += f"{eff['peak_bytes'] / max(nai['peak_bytes'], 1):>10.3f}"
         print(row, flush=True)
+        if nai is None:
+            # not a measurement: the size of the two float32 logit matrices the naive path must hold at once
+            floor = 2 * n * args.vocab * 4 / mib
+            line = f"{'':>8} naive not run at {n} tokens: its student and teacher logits alone are {floor:.0f} MiB"
+            if eff:
+                line += f" (computed), {eff['peak_bytes'] / mib / floor:.3f} of that measured for the chunked path"
+            print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,11 @@ mono, sent as WAV) as content parts before the task's text; the thinking flag th
 ``chat_template_kwargs``; special tokens kept in the output (``skip_special_tokens=False``) so the
 thinking span can be stripped (both surface forms, :func:`apertus_plugins.evaluation.strip_thinking`)
 before the task scores the answer; the task's stop strings plus the Apertus turn, sequence and
-tool-call stops; the task's output cap (``max_new_tokens``) unless ``max_new_tokens`` is given here.
+tool-call stops; the task's output cap (``max_new_tokens``) unless ``max_new_tokens`` is given here,
+never above the server's context length (``max_model_len`` in ``/v1/models``: vLLM refuses a larger
+``max_tokens``, and no generation can outgrow the context anyway). vLLM sampling parameters a task's
+``generation_kwargs`` set (:data:`PASSTHROUGH`, e.g. ``logit_bias``, ``seed``) go into the request
+as they are.
 """
 
 from __future__ import annotations
@@ -37,10 +41,14 @@ require("lmms_eval")
 from lmms_eval.api.instance import Instance  # noqa: E402
 from lmms_eval.api.model import lmms  # noqa: E402
 
-__all__ = ["Apertus", "ServerUnreachable", "audio_part", "image_part"]
+__all__ = ["PASSTHROUGH", "Apertus", "ServerUnreachable", "audio_part", "image_part"]
 
 _AUDIO_EXTS = (".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aac", ".webm")
 _IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+#: Sampling parameters of vLLM's OpenAI-compatible server that a task's ``generation_kwargs`` may
+#: set; they go into the request unchanged (other keys, such as ``do_sample``, are harness settings).
+PASSTHROUGH = ("seed", "top_k", "min_p", "min_tokens", "repetition_penalty", "presence_penalty",
+               "frequency_penalty", "logit_bias")
 
 
 class ServerUnreachable(ConnectionError):
@@ -151,10 +159,16 @@ class Apertus(lmms):
         self.timeout = float(timeout)
         self.max_retries = max(1, int(max_retries))
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.model = model or self._first_model()
+        #: the served context length; looked up in ``/v1/models`` before the first request
+        self.max_model_len: int | None = None
+        self._served: list[dict[str, Any]] | None = None
+        self.model = model or str(self._models()[0]["id"])
 
     # ------------------------------------------------------------------ server
-    def _first_model(self) -> str:
+    def _models(self) -> list[dict[str, Any]]:
+        """The server's model list (``/v1/models``), fetched once."""
+        if self._served is not None:
+            return self._served
         url = f"{self.base_url}/models"
         try:
             status, body = http_json(url, timeout=min(self.timeout, 30.0), headers=self.headers)
@@ -163,7 +177,20 @@ class Apertus(lmms):
                                     f"{self.base_url}): {exc}") from exc
         if status != 200 or not isinstance(body, dict) or not body.get("data"):
             raise ServerUnreachable(f"apertus model: {url} answered {status} without a model list: {str(body)[:200]}")
-        return str(body["data"][0]["id"])
+        self._served = list(body["data"])
+        return self._served
+
+    def _context_length(self) -> int | None:
+        """The served model's ``max_model_len`` (None when the server does not say)."""
+        if self.max_model_len is None:
+            entry = next((m for m in self._models() if m.get("id") == self.model), None)
+            if entry is None:
+                names = ", ".join(str(m.get("id")) for m in self._models())
+                raise ServerUnreachable(f"apertus model: {self.base_url} does not serve model {self.model!r} "
+                                        f"(model_args model=); it serves {names}")
+            if entry.get("max_model_len"):
+                self.max_model_len = int(entry["max_model_len"])
+        return self.max_model_len
 
     def _post(self, payload: dict[str, Any]) -> dict[str, Any]:
         url = f"{self.base_url}/chat/completions"
@@ -192,6 +219,8 @@ class Apertus(lmms):
         until = [until] if isinstance(until, str) else list(until)
         stops = list(dict.fromkeys([*until, *stop_strings()]))
         cap = self.max_new_tokens or int(gen.get("max_new_tokens") or gen.get("max_gen_toks") or DEFAULT_DECODING["max_new_tokens"])
+        if self.max_model_len:
+            cap = min(cap, self.max_model_len)
         # sampling: the model argument, else the protocol's thinking setting, else the task's (greedy by default)
         if self.enable_thinking:
             temperature, top_p = THINKING_DECODING["temperature"], THINKING_DECODING["top_p"]
@@ -211,6 +240,7 @@ class Apertus(lmms):
         }
         if top_p is not None and float(top_p) != 1.0:
             body["top_p"] = float(top_p)
+        body.update({k: gen[k] for k in PASSTHROUGH if gen.get(k) is not None})
         return body
 
     def _answer(self, body: dict[str, Any]) -> str:
@@ -221,6 +251,7 @@ class Apertus(lmms):
     def _one(self, request: Instance) -> str:
         context, gen_kwargs, doc_to_visual, doc_id, task, split = request.args
         visuals = doc_to_visual(self.task_dict[task][split][doc_id]) if doc_to_visual is not None else []
+        self._context_length()
         return self._answer(self._post(self.payload(context, visuals, gen_kwargs)))
 
     def generate_until(self, requests: list[Instance]) -> list[str]:

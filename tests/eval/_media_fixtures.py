@@ -1,5 +1,8 @@
 """Small local copies of the image and audio datasets (tiny PNGs and WAVs, made here).
 
+Images of several sizes (each resized to the model's grid on the server) and clips at 8, 16,
+22.05 and 44.1 kHz, one in stereo (the ``apertus`` model downmixes and resamples them to 24 kHz).
+
 Each in its upstream dataset's layout and fields, as JSON lines with media paths relative to
 the file, so the wrapped lmms-eval tasks read them like their hub datasets.
 """
@@ -13,22 +16,25 @@ from typing import Any
 import numpy as np
 
 
-def _png(path: Path, seed: int) -> str:
+def _png(path: Path, seed: int, size: tuple[int, int] = (40, 56)) -> str:
+    """A random RGB PNG of ``size`` (height, width): every image of the fixtures differs."""
     from PIL import Image
 
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    Image.fromarray(rng.integers(0, 255, (40, 56, 3), dtype=np.uint8)).save(path)
+    Image.fromarray(rng.integers(0, 255, (*size, 3), dtype=np.uint8)).save(path)
     return path.name
 
 
-def _wav(path: Path, seconds: float, rate: int, seed: int) -> str:
+def _wav(path: Path, seconds: float, rate: int, seed: int, channels: int = 1) -> str:
+    """A tone with a little noise at ``rate`` Hz (never the model's 24 kHz), 16-bit PCM."""
     import soundfile as sf
 
     path.parent.mkdir(parents=True, exist_ok=True)
     t = np.arange(int(seconds * rate)) / rate
-    tone = 0.3 * np.sin(2 * np.pi * (220 + 40 * seed) * t)
-    sf.write(path, tone.astype(np.float32), rate)
+    tone = 0.3 * np.sin(2 * np.pi * (220 + 40 * seed) * t) + 0.05 * np.random.default_rng(seed).standard_normal(t.size)
+    wave = np.stack([tone * (1.0 - 0.3 * c) for c in range(channels)], axis=1)
+    sf.write(path, wave.astype(np.float32), rate, subtype="PCM_16")
     return path.name
 
 
@@ -43,13 +49,13 @@ def write_media_fixtures(root: Path) -> Path:
     _jsonl(d / "test.jsonl", [
         {"image": "img/" + _png(d / "img" / "c0.png", 0), "question": "What is the highest bar?", "answer": "12",
          "type": "human_test"},
-        {"image": "img/" + _png(d / "img" / "c1.png", 1), "question": "Which year?", "answer": "2020",
+        {"image": "img/" + _png(d / "img" / "c1.png", 1, (33, 70)), "question": "Which year?", "answer": "2020",
          "type": "augmented_test"}])
     d = root / "ai2d"
     _jsonl(d / "test.jsonl", [
-        {"image": "img/" + _png(d / "img" / "a0.png", 2), "question": "Which organism is a producer?",
+        {"image": "img/" + _png(d / "img" / "a0.png", 2, (64, 48)), "question": "Which organism is a producer?",
          "options": ["fox", "grass", "hawk", "snake"], "answer": "1"},
-        {"image": "img/" + _png(d / "img" / "a1.png", 3), "question": "What does the arrow show?",
+        {"image": "img/" + _png(d / "img" / "a1.png", 3, (90, 200)), "question": "What does the arrow show?",
          "options": ["energy flow", "water"], "answer": "0"}])
     d = root / "docvqa" / "DocVQA"
     _jsonl(d / "validation.jsonl", [
@@ -63,6 +69,8 @@ def write_media_fixtures(root: Path) -> Path:
     d = root / "librispeech" / "librispeech_test_clean"
     _jsonl(d / "librispeech_test_clean.jsonl", [
         {"audio": "wav/" + _wav(d / "wav" / "l0.wav", 0.4, 16000, 0), "gt": "hello world",
+         "source": "librispeech_test_clean", "task": "asr_en"},
+        {"audio": "wav/" + _wav(d / "wav" / "l1.wav", 0.3, 8000, 4), "gt": "good night",
          "source": "librispeech_test_clean", "task": "asr_en"}])
     d = root / "fleurs" / "en_us"
     _jsonl(d / "test.jsonl", [
@@ -75,5 +83,7 @@ def write_media_fixtures(root: Path) -> Path:
     d = root / "vocalsound"
     _jsonl(d / "test.jsonl", [
         {"audio": "wav/" + _wav(d / "wav" / "v0.wav", 0.25, 44100, 3), "answer": "Laughter", "age_group": "adult",
-         "spk_id": "s1"}])
+         "spk_id": "s1"},
+        {"audio": "wav/" + _wav(d / "wav" / "v1.wav", 0.35, 22050, 5, channels=2), "answer": "Cough",
+         "age_group": "child", "spk_id": "s2"}])
     return root

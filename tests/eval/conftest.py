@@ -1,15 +1,18 @@
-"""Shared fixtures of the eval suite: one tiny served model for the whole suite, local datasets.
+"""Shared fixtures of the eval suite: one served tiny Apertus checkpoint for the whole suite, local datasets.
 
-The model is a stand-in until the Apertus vLLM plugin and ``apertus make-checkpoint`` land: a
-random ``LlamaForCausalLM`` (head dimension 64) with the Apertus test tokenizer and its chat
-template, written with the vllm environment's transformers. Switching is the one line of
-:data:`MODEL_WRITER`.
+The model is the project's tiny random Apertus 1.5 checkpoint (``write_checkpoint(size="tiny",
+init="varied")``: the released tensor names and id layout, the vision and audio tokenizers, the
+tokenizer with the chat template) served by the Apertus vLLM plugin with its tool-call and
+reasoning parsers, as a deployment would serve it. The server is also the charter-alignment
+judge, so it returns as many log-probabilities as the model has output rows. It appends every
+embedded image's and clip's codes to :func:`codes_log` (``APERTUS_VLLM_CODES_LOG``) and logs each
+request's sampling parameters (``--enable-log-requests``), so the tests can check what reached it.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,10 +26,9 @@ from _fixtures import write_text_fixtures  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVED_NAME = "apertus-tiny"
-#: the tiny vocabulary is 1,032 ids: asking for all of them puts the digits among the alternatives
-JUDGE_TOP_LOGPROBS = 1032
-#: how the tiny checkpoint is written: (interpreter env var, script arguments before OUT_DIR)
-MODEL_WRITER = ("APERTUS_PYTHON_VLLM", [str(Path(__file__).parent / "_tiny_llama.py")])
+SEED = 0
+#: images and clips one request may carry
+MEDIA_LIMIT = {"image": 2, "audio": 2}
 
 
 def vllm_python() -> str:
@@ -38,26 +40,44 @@ def vllm_python() -> str:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("tiny-model")
-    env_var, args = MODEL_WRITER
-    python = os.environ.get(env_var) or vllm_python()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    subprocess.run([python, *args, str(out)], check=True, env=env, cwd=ROOT)
-    return out
+    """The tiny random Apertus 1.5 checkpoint in the released layout."""
+    from apertus_plugins.checkpoint import write_checkpoint
+
+    return write_checkpoint(tmp_path_factory.mktemp("ckpt") / "apertus-tiny", size="tiny", seed=SEED, init="varied")
+
+
+def output_rows(model_dir: Path) -> int:
+    """The model's output vocabulary (its LM head rows): every rating token is among that many logprobs."""
+    from apertus_plugins.checkpoint import read_checkpoint_config
+
+    return int(read_checkpoint_config(model_dir).text["output_vocab_size"])
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+def judge_top_logprobs(tiny_model_dir: Path) -> int:
+    """Alternatives the charter-alignment judge reads: the served model's whole output vocabulary."""
+    return output_rows(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def codes_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the server appends the codes of every image and clip it embeds (one JSON line each)."""
+    return tmp_path_factory.mktemp("codes") / "codes.jsonl"
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model_dir: Path, codes_log: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    """The suite's one server: float32 (greedy decoding repeats exactly), both Apertus parsers, two
+    images and two clips per prompt, all logprobs (the judge), request logging, the codes log."""
     log = tmp_path_factory.mktemp("vllm-log") / "server.log"
-    # the model also serves as the charter-alignment judge: all its logprobs may be asked for
-    server = VLLMServer(tiny_model_dir, args=[*CPU_ARGS, "--served-model-name", SERVED_NAME,
-                                             "--max-logprobs", str(JUDGE_TOP_LOGPROBS)],
-                        python=vllm_python(), log_path=log)
-    server.start()
-    try:
+    args = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", SERVED_NAME,
+            "--enable-auto-tool-choice", "--tool-call-parser", "apertus", "--reasoning-parser", "apertus",
+            "--max-logprobs", str(output_rows(tiny_model_dir)), "--limit-mm-per-prompt", json.dumps(MEDIA_LIMIT),
+            "--enable-log-requests"]
+    env = {"APERTUS_VLLM_CODES_LOG": str(codes_log), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with VLLMServer(tiny_model_dir, args=args, python=vllm_python(), env=env, log_path=log,
+                    startup_timeout=900) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")

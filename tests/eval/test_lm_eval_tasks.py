@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import JUDGE_TOP_LOGPROBS, SERVED_NAME
+from conftest import SERVED_NAME
 
 from apertus_plugins.cli.eval_path import include_path
 from apertus_plugins.evaluation import DEFAULT_DECODING, THINKING_DECODING, stop_strings
@@ -86,14 +86,16 @@ def _chat(logged: str | list) -> list[dict]:
     return json.loads(logged[0] if isinstance(logged, list) else logged)
 
 
-def _judge_env(server_url: str, data: Path) -> dict[str, str]:
+def _judge_env(server_url: str, data: Path, top_logprobs: int) -> dict[str, str]:
     return {"APERTUS_EVAL_JUDGE_URL": server_url, "APERTUS_EVAL_JUDGE_MODEL": SERVED_NAME,
-            "APERTUS_EVAL_CHARTER": str(data / "charter.md"), "APERTUS_EVAL_JUDGE_TOP_LOGPROBS": str(JUDGE_TOP_LOGPROBS)}
+            "APERTUS_EVAL_CHARTER": str(data / "charter.md"), "APERTUS_EVAL_JUDGE_TOP_LOGPROBS": str(top_logprobs)}
 
 
-def test_lm_eval_runs_every_task_end_to_end(vllm_server: VLLMServer, data_env: Path, tmp_path: Path) -> None:
-    # the served model is also the charter-alignment judge
-    env = {**os.environ, **_judge_env(vllm_server.base_url, data_env)}
+def test_lm_eval_runs_every_task_end_to_end(vllm_server: VLLMServer, judge_top_logprobs: int, data_env: Path,
+                                            tmp_path: Path) -> None:
+    # the served checkpoint is also the charter-alignment judge: it returns logprobs over its whole
+    # output vocabulary, so every rating digit is among the alternatives
+    env = {**os.environ, **_judge_env(vllm_server.base_url, data_env, judge_top_logprobs)}
     proc = _run_lm_eval(vllm_server, TASKS, tmp_path / "out", env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     results_files = glob.glob(str(tmp_path / "out" / "**" / "results_*.json"), recursive=True)
@@ -189,7 +191,7 @@ def test_an_unreachable_judge_names_the_task_and_the_setting(data_env: Path, mon
 
     tm = TaskManager(include_path=str(LM_EVAL), include_defaults=False)
     url = f"http://127.0.0.1:{free_port()}/v1"
-    for key, value in _judge_env(url, data_env).items():
+    for key, value in _judge_env(url, data_env, 20).items():
         monkeypatch.setenv(key, value)
     with pytest.raises(RuntimeError, match=r"task apertus_charter_alignment: the judge given by "
                                            r"APERTUS_EVAL_JUDGE_URL=http://127.0.0.1:\d+/v1 .*unreachable"):

@@ -7,6 +7,7 @@ import glob
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ import yaml
 
 from apertus_plugins.cli.eval_path import include_path
 from apertus_plugins.evaluation import AUDIO_SAMPLE_RATE, LONG_FORM_ASR_MAX_TOKENS, stop_strings
-from apertus_plugins.serve import VLLMServer, free_port
+from apertus_plugins.serve import VLLMServer, free_port, http_json
 
 LMMS = include_path("lmms_eval")
 IMAGE_TASKS = ["apertus_chartqa", "apertus_ai2d", "apertus_docvqa_val", "apertus_gqa"]
@@ -87,6 +88,20 @@ def test_payload_honours_task_stops_caps_and_the_thinking_flag() -> None:
         model.payload("q", [object()], {})
 
 
+def test_payload_caps_at_the_context_length_and_passes_sampling_parameters() -> None:
+    from eval_tasks.lmms_model import PASSTHROUGH
+
+    model = _model()
+    model.max_model_len = 4096  # what /v1/models reported
+    assert model.payload("q", [], {})["max_tokens"] == 4096
+    assert model.payload("q", [], {"max_new_tokens": 64})["max_tokens"] == 64
+    gen = {"seed": 7, "top_k": 5, "min_p": 0.1, "min_tokens": 2, "repetition_penalty": 1.1, "presence_penalty": 0.5,
+           "frequency_penalty": 0.25, "logit_bias": {"17": 100}, "do_sample": False, "image_aspect_ratio": "pad"}
+    body = model.payload("q", [], gen)
+    assert {k: body[k] for k in PASSTHROUGH} == {k: gen[k] for k in PASSTHROUGH}
+    assert "do_sample" not in body and "image_aspect_ratio" not in body  # harness settings stay out
+
+
 def test_answers_lose_the_thinking_span() -> None:
     def reply(text: str) -> dict:
         return {"choices": [{"message": {"content": text}}]}
@@ -106,6 +121,17 @@ def test_an_unreachable_server_is_a_clear_error() -> None:
     model = Apertus(base_url=url, model="m", max_retries=1, timeout=5)
     with pytest.raises(ServerUnreachable, match=r"request to .*/chat/completions \(model m\) failed after 1"):
         model._post(model.payload("q", [], {}))
+
+
+def test_the_served_model_and_its_context_length(vllm_server: VLLMServer) -> None:
+    from conftest import SERVED_NAME
+
+    from eval_tasks.lmms_model import Apertus, ServerUnreachable
+
+    model = Apertus(base_url=vllm_server.base_url)
+    assert model.model == SERVED_NAME and model._context_length() == 4096  # CPU_ARGS' --max-model-len
+    with pytest.raises(ServerUnreachable, match=rf"does not serve model 'other' .*it serves {SERVED_NAME}"):
+        Apertus(base_url=vllm_server.base_url, model="other")._context_length()
 
 
 def test_wrapped_tasks_read_local_images_and_audio(data_env: Path) -> None:
@@ -165,13 +191,17 @@ def test_missing_local_data_names_the_task_and_the_setting(tmp_path: Path, monke
         _tasks(["apertus_chartqa"])
 
 
-TEXT_ONLY_TASK = """\
-# ChartQA's documents and scoring through the apertus model, without the image (a text-only model
-# serves the suite until the multimodal plugin lands)
-task: apertus_test_chartqa_text
+# ------------------------------------------------------------------ end to end against the served checkpoint
+
+#: the wrapped tasks run end to end (two images or two clips each), and the output cap given to them
+E2E_TASKS = ["apertus_chartqa", "apertus_ai2d", "apertus_librispeech_test_clean", "apertus_vocalsound_test"]
+CAP = 10
+#: a test task: ChartQA whose generation only ever emits the thinking opener (a task's vLLM sampling
+#: parameters reach the server), so the whole answer is an unclosed thinking span
+THINK_TASK = """\
+task: apertus_test_chartqa_unclosed_thinking
 class: !function utils.ApertusTask
 upstream: chartqa/chartqa.yaml
-doc_to_visual: !function utils.no_visual
 apertus_data:
   key: chartqa
   images: [image]
@@ -179,27 +209,204 @@ generation_kwargs:
   max_new_tokens: 16384
   temperature: 0
   do_sample: false
-  until: ["\\n\\n"]
+  logit_bias: {{"{opener}": 100}}
 """
 
 
-def test_lmms_eval_runs_a_task_end_to_end(vllm_server: VLLMServer, data_env: Path, tmp_path: Path) -> None:
-    tasks_dir = tmp_path / "tasks"
-    tasks_dir.mkdir()
-    (tasks_dir / "apertus_test_chartqa_text.yaml").write_text(TEXT_ONLY_TASK)
-    (tasks_dir / "utils.py").write_text("from eval_tasks.lmms_eval.common import ApertusTask  # noqa: F401\n\n\n"
-                                        "def no_visual(doc):\n    return []\n")
-    cmd = [sys.executable, "-m", "lmms_eval", "--model", "apertus",
-           "--model_args", f"base_url={vllm_server.base_url},max_new_tokens=8",
-           "--tasks", "apertus_test_chartqa_text", "--include_path", str(tasks_dir),
-           "--output_path", str(tmp_path / "out"), "--log_samples"]
+def _probe(server: VLLMServer, body: dict) -> dict:
+    status, reply = http_json(server.base_url + "/chat/completions", body, timeout=300)
+    assert status == 200, reply
+    return reply
+
+
+def _raw_text(message: dict) -> str:
+    """The generation before the reasoning parser split it: opener + thinking [+ closer + content]."""
+    from apertus_plugins.chat.parse import THINK_CLOSE, THINK_OPEN
+
+    if message.get("reasoning") is None:
+        return message.get("content") or ""
+    closed = message.get("content") is not None
+    return THINK_OPEN[0] + message["reasoning"] + (THINK_CLOSE[0] + message["content"] if closed else "")
+
+
+def _pick_stop(text: str) -> str | None:
+    """Two characters of ``text`` after a visible answer has begun, first occurring there, that survive
+    lmms-eval's ``--gen_kwargs`` parsing and the server log's ``repr``."""
+    from apertus_plugins.evaluation import strip_thinking
+
+    for k in range(1, len(text) - 1):
+        stop = text[k:k + 2]
+        if text.find(stop) == k and strip_thinking(text[:k]) and all(
+                c.isprintable() and c not in ",=[]'\"\\ " for c in stop):
+            return stop
+    return None
+
+
+def _received(server_log: str) -> list[dict]:
+    """``max_tokens``, ``stop`` and ``skip_special_tokens`` of each request in a piece of the server's log."""
+    import ast
+    import re
+
+    out = []
+    for m in re.finditer(r"Received request \S+: params: SamplingParams\((.*?)\), lora_request", server_log):
+        params = m.group(1)
+        out.append({"max_tokens": int(re.search(r"max_tokens=(\d+),", params).group(1)),
+                    "stop": ast.literal_eval(re.search(r"stop=(\[.*?\]), stop_token_ids=", params).group(1)),
+                    "skip_special_tokens": re.search(r"skip_special_tokens=(\w+),", params).group(1) == "True"})
+    return out
+
+
+def _expected_media(model_dir: Path, parts: list[dict]) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+    """The codes the served model must compute for these content parts: the core's encoders on what
+    the wrapper sent (the PNG, the 24 kHz WAV), through the core's preprocessing."""
+    import torch
+
+    from apertus_plugins.encoders import encode_audio, encode_images, load_media_tokenizers
+    from apertus_plugins.media.audio import load_audio, preprocess_audio
+    from apertus_plugins.media.image import preprocess_image
+
+    torch.set_num_threads(1)
+    vision, audio = load_media_tokenizers(model_dir)
+    out = []
+    for part in parts:
+        if part["type"] == "image_url":
+            data = base64.b64decode(part["image_url"]["url"].split(",", 1)[1])
+            grid = encode_images(vision, [preprocess_image(data)])[0]
+            out.append(("image", tuple(grid.shape), tuple(int(c) for c in grid.ravel())))
+        else:
+            wave, rate = load_audio(base64.b64decode(part["input_audio"]["data"]))
+            assert rate == AUDIO_SAMPLE_RATE  # the wrapper resampled before sending
+            codes = encode_audio(audio, [preprocess_audio(wave, rate)])[0]
+            out.append(("audio", tuple(codes.shape), tuple(int(c) for c in codes)))
+    return out
+
+
+def _media_sequence_length(model_dir: Path, kind: str, shape: tuple[int, ...]) -> int:
+    """Prompt tokens one image or clip occupies on the server (the core's layout, the checkpoint's tokenizer)."""
+    from apertus_plugins.chat import ChatTokenizer
+    from apertus_plugins.checkpoint import read_checkpoint_config
+    from apertus_plugins.media.audio import audio_placeholder_sequence
+    from apertus_plugins.media.image import image_placeholder_sequence
+
+    spec = read_checkpoint_config(model_dir).spec
+    if kind == "image":
+        return len(image_placeholder_sequence(*shape, spec, "inference", ChatTokenizer(model_dir, spec).char_ids))
+    return len(audio_placeholder_sequence(shape[0], spec))
+
+
+def _run_lmms(server: VLLMServer, tasks: str, include: Path, out: Path, stop: str) -> tuple[dict, dict]:
+    """Run ``python -m lmms_eval`` with the ``apertus`` model on ``tasks`` found under ``include``, the
+    test's cap and ``stop``; returns the results and the logged samples (by task, then doc id)."""
+    cmd = [sys.executable, "-m", "lmms_eval", "--model", "apertus", "--model_args", f"base_url={server.base_url}",
+           "--tasks", tasks, "--include_path", str(include), "--gen_kwargs", f"max_new_tokens={CAP},until={stop}",
+           "--output_path", str(out), "--log_samples"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ), timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    found = glob.glob(str(tmp_path / "out" / "**" / "*results*.json"), recursive=True)
-    assert found, proc.stdout[-2000:] + proc.stderr[-2000:]
-    results = json.loads(Path(found[0]).read_text())["results"]["apertus_test_chartqa_text"]
-    assert "relaxed_overall,none" in results and 0.0 <= results["relaxed_overall,none"] <= 1.0
-    samples = glob.glob(str(tmp_path / "out" / "**" / "*apertus_test_chartqa_text*.jsonl"), recursive=True)
-    rows = [json.loads(x) for x in Path(samples[0]).read_text().splitlines()]
-    assert len(rows) == 2 and all(isinstance(r["filtered_resps"], str) for r in rows)
-    assert rows[0]["input"] == "What is the highest bar?\nAnswer the question with a single word."
+    found = glob.glob(str(out / "**" / "*results*.json"), recursive=True)
+    assert len(found) == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    results = json.loads(Path(found[0]).read_text())["results"]
+    samples = {}
+    for name in results:
+        files = glob.glob(str(out / "**" / f"*samples_{name}.jsonl"), recursive=True)
+        assert len(files) == 1, (name, files)
+        samples[name] = {r["doc_id"]: r for r in map(json.loads, Path(files[0]).read_text().splitlines())}
+    return results, samples
+
+
+def test_lmms_eval_runs_image_and_audio_tasks_end_to_end(vllm_server: VLLMServer, tiny_model_dir: Path,
+                                                        codes_log: Path, data_env: Path, tmp_path: Path) -> None:
+    """The real harness runs the wrapped ChartQA, AI2D, LibriSpeech and VocalSound tasks on tiny local PNGs
+    and WAVs (8 to 44.1 kHz) through the served checkpoint; the server encodes exactly the media the
+    wrapper sent, receives the task's cap and stops, and the tasks score the answers without thinking."""
+    from apertus_plugins.checkpoint import read_checkpoint_config
+    from apertus_plugins.evaluation import strip_thinking
+    from eval_tasks.lmms_model import Apertus, media_parts
+
+    tasks = _tasks(E2E_TASKS)
+    model = Apertus(base_url=vllm_server.base_url)
+    assert model._context_length() == 4096  # the served max_model_len caps the protocol's 16,384 tokens
+    uncapped = {**model.payload("q", [], {"max_new_tokens": 16384}), "max_tokens": 16384}
+    status, refusal = http_json(vllm_server.base_url + "/chat/completions", uncapped, timeout=60)
+    assert status == 400 and "4096" in str(refusal), (status, refusal)  # why the wrapper caps
+    assert model.payload("q", [], {"max_new_tokens": 16384})["max_tokens"] == 4096
+    docs = {name: list(tasks[name].test_docs()) for name in E2E_TASKS}
+    assert all(len(d) == 2 for d in docs.values())
+
+    def body(name: str, doc: dict, **gen) -> dict:
+        task = tasks[name]
+        return model.payload(task.doc_to_text(doc), task.doc_to_visual(doc),
+                             {**task.config.generation_kwargs, "max_new_tokens": CAP, **gen})
+
+    log_start = codes_log.stat().st_size if codes_log.exists() else 0
+    # a stop string the first ChartQA answer contains, so the run shows it cutting a generation short
+    first = _raw_text(_probe(vllm_server, body("apertus_chartqa", docs["apertus_chartqa"][0]))["choices"][0]["message"])
+    stop = _pick_stop(first)
+    assert stop, f"no usable stop string in the first answer {first!r}"
+
+    # the unclosed-thinking task runs in a second harness call, from a copy of the include path with
+    # its YAML added (lmms-eval 0.7 loads a python-class task only under a registered name)
+    opener = read_checkpoint_config(tiny_model_dir).spec.chat_ids["inner_prefix"]
+    think_dir = tmp_path / "lmms_eval_tasks"
+    shutil.copytree(LMMS, think_dir, ignore=shutil.ignore_patterns("__pycache__"))
+    (think_dir / "apertus_test_chartqa_unclosed_thinking.yaml").write_text(THINK_TASK.format(opener=opener))
+    (think_dir / "utils.py").write_text("from eval_tasks.lmms_eval.common import ApertusTask  # noqa: F401\n")
+
+    server_log_start = vllm_server.log_path.stat().st_size
+    results, samples = _run_lmms(vllm_server, ",".join(E2E_TASKS), LMMS, tmp_path / "out", stop)
+    think_results, think_samples = _run_lmms(vllm_server, "apertus_test_chartqa_unclosed_thinking", think_dir,
+                                             tmp_path / "out-think", stop)
+    results.update(think_results)
+    samples.update(think_samples)
+    server_log = vllm_server.log_path.read_bytes()[server_log_start:].decode("utf-8", errors="replace")
+
+    # lmms-eval's result files: every task scored
+    metrics = {"apertus_chartqa": "relaxed_overall,none", "apertus_ai2d": "exact_match,none",
+               "apertus_librispeech_test_clean": "wer,none", "apertus_vocalsound_test": "accuracy,none",
+               "apertus_test_chartqa_unclosed_thinking": "relaxed_overall,none"}
+    for name, metric in metrics.items():
+        assert metric in results[name], (name, results[name])
+        assert sorted(samples[name]) == [0, 1], name
+
+    # the server received every request with the task's cap and stops (the Apertus stops added), special tokens kept
+    received = _received(server_log)
+    assert len(received) == 2 * len(metrics), server_log[-3000:]
+    for params in received:
+        assert params["max_tokens"] == CAP and params["skip_special_tokens"] is False
+        assert params["stop"] == [stop, *stop_strings()]
+
+    # each answer is what the server generates for the wrapper's request, cut at the stop, thinking stripped
+    cut = 0
+    for name in E2E_TASKS:
+        for doc_id, doc in enumerate(docs[name]):
+            reply = _probe(vllm_server, body(name, doc))  # no stop: the whole capped generation
+            raw = _raw_text(reply["choices"][0]["message"])
+            assert reply["usage"]["completion_tokens"] <= CAP
+            expected = strip_thinking(raw.split(stop)[0])
+            cut += stop in raw
+            assert samples[name][doc_id]["filtered_resps"] == expected, (name, doc_id, raw, stop)
+            assert samples[name][doc_id]["input"] == tasks[name].doc_to_text(doc)
+    assert cut >= 1  # the stop cut at least the first ChartQA answer short
+
+    # the unclosed thinking span: the server generated only thinking, the task scored an empty answer
+    think = _probe(vllm_server, body("apertus_chartqa", docs["apertus_chartqa"][0], logit_bias={str(opener): 100}))
+    message = think["choices"][0]["message"]
+    assert message["content"] is None and message["reasoning"], message
+    assert think["usage"]["completion_tokens"] == CAP
+    assert all(r["filtered_resps"] == "" for r in samples["apertus_test_chartqa_unclosed_thinking"].values())
+    assert results["apertus_test_chartqa_unclosed_thinking"]["relaxed_overall,none"] == 0.0
+
+    # the server encoded exactly the images and clips the wrapper sent (resampled to 24 kHz), and each
+    # took its layout's length in the prompt
+    logged = [json.loads(line) for line in codes_log.read_bytes()[log_start:].decode().splitlines()]
+    got = {(r["modality"], tuple(r["shape"]), tuple(r["codes"])) for r in logged}
+    for name in E2E_TASKS:
+        for doc in docs[name]:
+            parts = media_parts(tasks[name].doc_to_visual(doc))
+            (kind, shape, codes), = _expected_media(tiny_model_dir, parts)
+            assert (kind, shape, codes) in got, (name, kind, shape)
+            text_only = _probe(vllm_server, {**body(name, doc), "max_tokens": 1,
+                                             "messages": [{"role": "user", "content": tasks[name].doc_to_text(doc)}]})
+            with_media = _probe(vllm_server, {**body(name, doc), "max_tokens": 1})
+            grew = with_media["usage"]["prompt_tokens"] - text_only["usage"]["prompt_tokens"]
+            assert grew == _media_sequence_length(tiny_model_dir, kind, shape), (name, kind, shape)
+    assert len(got) == 8  # four images, four clips, each encoded (and cached) once
