@@ -4,7 +4,13 @@ It checks the verl version, then registers with verl's own registries:
 
 * the reward manager ``apertus`` (``reward.reward_manager.name=apertus``);
 * the trainers ``apertus_sdpo``, ``apertus_online_dpo`` and ``apertus_offline_dpo``
-  (``trainer.v1.trainer_mode``).
+  (``trainer.v1.trainer_mode``);
+* with ``transformers``' Auto classes, the Apertus 1.5 configs and the text-only causal LM
+  :class:`apertus_plugins.hf.modeling.Apertus1p5ForCausalLM` (``AutoModelForCausalLM`` and
+  ``AutoModelForImageTextToText``, where the installed ``transformers`` has no ``apertus1p5``), so that
+  verl loads a released Apertus 1.5 checkpoint from ``actor_rollout_ref.model.path`` as that class:
+  the FSDP engine's ``get_hf_auto_model_class`` picks ``AutoModelForImageTextToText`` for a config type it
+  maps, and the checkpoint manager and model merger pick it for ``...ForConditionalGeneration``.
 
 The RLVR preset needs nothing registered: it selects verl's RLOO, group filtering and GMPO
 (``geo_mean``) by name. verl swallows exceptions raised by plugins, so failures are logged
@@ -18,7 +24,7 @@ import logging
 logger = logging.getLogger("verl_ext")
 
 SUPPORTED = (0, 9)  #: verl 0.9.x
-REGISTERED: dict[str, list[str]] = {"reward_managers": [], "trainers": []}
+REGISTERED: dict[str, list[str]] = {"reward_managers": [], "trainers": [], "transformers": []}
 
 
 def check_version(version: str) -> None:
@@ -32,6 +38,9 @@ def register() -> dict[str, list[str]]:
     import verl
 
     check_version(getattr(verl, "__version__", "0"))
+    from apertus_plugins.hf.modeling import register as register_transformers
+
+    REGISTERED["transformers"] += register_transformers()
     from .rewards import register_reward_manager
 
     register_reward_manager()

@@ -2,12 +2,17 @@
 # GPU check of the verl adapter (prepared; NOT yet run on a GPU): three SDPO steps and three online
 # DPO steps with vLLM rollouts, and three offline DPO steps on a small generated pair file, through
 # verl's own entry point and the packaged configs, plus the SDPO loss benchmark at the full 16 x 4,096 size. One command, a few minutes on one GPU:
-#   MODEL=/path/to/small/hf/model DATA=/path/to/prompts.parquet bash benchmarks/gpu/verl_stages.sh
+#   [MODEL=/path/to/apertus1p5/checkpoint] DATA=/path/to/prompts.parquet bash benchmarks/gpu/verl_stages.sh
+# MODEL defaults to a tiny random Apertus 1.5 checkpoint in the released layout (`apertus make-checkpoint`),
+# which verl's FSDP engine loads as Apertus1p5ForCausalLM and the vLLM rollout serves through vllm_model.
 # Needs: verl 0.9.1 with vllm, transferqueue, this package installed (the verl.plugins entry point),
 # and a judge endpoint: by default a vLLM server of $MODEL started here on port 8011. $MODEL carries
 # the Apertus tokenizer (the trainers render prompts with the core chat template).
 set -euo pipefail
-MODEL=${MODEL:?set MODEL to a small HF causal LM directory}
+if [ -z "${MODEL:-}" ]; then
+  MODEL=$(mktemp -d)/apertus-tiny
+  apertus make-checkpoint "$MODEL" --size tiny --init varied
+fi
 DATA=${DATA:?set DATA to a parquet of chat prompts in verl format (prompt, data_source, reward_model)}
 PORT=${PORT:-8011}
 python -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name judge --port "$PORT" \

@@ -68,20 +68,17 @@ def chat_tokenizer(apertus_checkpoint):
 
 
 @pytest.fixture()
-def policy_pair(chat_tokenizer):
-    """A fresh tiny random causal LM over the Apertus vocabulary and its frozen copy (the reference / teacher).
+def policy_pair(apertus_checkpoint):
+    """The tiny Apertus checkpoint as verl's policy class, and its frozen copy (the reference / teacher).
 
-    A Llama stands in for the policy: verl 0.9 needs transformers<5.11, which has no Apertus 1.5 class.
+    :class:`~apertus_plugins.hf.modeling.Apertus1p5ForCausalLM` (registered by the verl plugin), in float32:
+    logits over the text ids (the head's ``output_vocab_size`` rows), inputs over the whole vocabulary.
     """
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import verl  # noqa: F401  (verl loads its plugins, ours registers the Apertus classes)
+    from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=chat_tokenizer.spec.size, hidden_size=64, intermediate_size=128,
-                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-                      max_position_embeddings=1024, tie_word_embeddings=False)
-    student = LlamaForCausalLM(cfg).float()
-    frozen = LlamaForCausalLM(cfg).float()
-    frozen.load_state_dict(student.state_dict())
+    student = AutoModelForCausalLM.from_pretrained(apertus_checkpoint, dtype=torch.float32, attn_implementation="sdpa")
+    frozen = AutoModelForCausalLM.from_pretrained(apertus_checkpoint, dtype=torch.float32, attn_implementation="sdpa")
     frozen.requires_grad_(False)
-    return student, frozen
+    return student.train(), frozen.eval()

@@ -13,7 +13,11 @@ PROBE = r"""
 import json, verl, sys
 from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
 from verl.trainer.ppo.v1 import get_trainer_cls
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+cfg = CONFIG_MAPPING["apertus1p5"]
 out = {
+    "transformers": [cfg.__module__] + [a._model_mapping[cfg].__name__ for a in (AutoModelForCausalLM, AutoModelForImageTextToText)],
     "plugin_loaded": "verl_ext.plugin" in sys.modules,
     "reward_manager": get_reward_manager_cls("apertus").__name__,
     "trainers": [get_trainer_cls(n).__name__ for n in ("apertus_sdpo", "apertus_online_dpo", "apertus_offline_dpo")],
@@ -28,7 +32,8 @@ def test_entry_point_registers_in_a_fresh_process():
     assert out.returncode == 0, out.stderr[-3000:]
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("PROBE"))
     got = json.loads(line[5:])
-    assert got == {"plugin_loaded": True, "reward_manager": "ApertusRewardManager",
+    assert got == {"transformers": ["apertus_plugins.hf.configs", "Apertus1p5ForCausalLM", "Apertus1p5ForCausalLM"],
+                   "plugin_loaded": True, "reward_manager": "ApertusRewardManager",
                    "trainers": ["SDPOTrainer", "OnlineDPOTrainer", "OfflineDPOTrainer"]}
     # with verl's switch off, nothing is loaded
     env["VERL_USE_EXTERNAL_PLUGINS"] = "none"
