@@ -25,7 +25,7 @@ import pluggy
 from .hooks import PROJECT, ApertusHookSpecs, Modality, hookimpl, hookspec
 
 __all__ = ["PROJECT", "hookspec", "hookimpl", "Modality", "ApertusHookSpecs", "Registry", "get_plugin_manager",
-           "make_judge", "registry"]
+           "make_judge", "registry", "serving_layout"]
 
 @dataclass
 class Registry:
@@ -105,3 +105,8 @@ def make_judge(name: str = "openai", **config: Any) -> Any:
     if name not in judges:
         raise KeyError(f"unknown judge backend {name!r}; registered: {', '.join(sorted(judges))}")
     return judges[name](**config)
+
+
+def serving_layout(modality: str = "image") -> str:
+    """The layout a server uses unless told otherwise: the modality's first registered layout."""
+    return registry().modalities[modality].layouts[0]

@@ -13,9 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from ..media.image import detect_image_layout
+from ..media.image import dataset_image_layouts
 from .checkpoint_files import DoctorError
 from .registry import Context, check
 from .report import PASS, WARN
@@ -26,10 +24,10 @@ _SCAN_DOCUMENTS = 64
 
 
 def serving_default_layout() -> str:
-    """The layout a server uses unless told otherwise: the image modality's first (serving) layout."""
-    from ..plugins import registry
+    """The layout a server uses unless told otherwise (:func:`apertus_plugins.plugins.serving_layout`)."""
+    from ..plugins import serving_layout
 
-    return registry().modalities["image"].layouts[0]
+    return serving_layout("image")
 
 
 def _detect(prefix: str, spec: Any) -> str | None:
@@ -39,19 +37,7 @@ def _detect(prefix: str, spec: Any) -> str | None:
         ds = IndexedDataset(prefix)
     except (IndexedDatasetError, OSError) as exc:
         raise DoctorError(f"{prefix}: not a readable indexed dataset ({exc})") from exc
-    start = spec.id("img_start")
-    found: set[str] = set()
-    seen = 0
-    for d in range(ds.num_documents):
-        ids = ds.document(d)
-        if not np.any(ids == start):
-            continue
-        layout = detect_image_layout(ids, spec, allow_mixed=True)
-        if layout:
-            found.add(layout)
-        seen += 1
-        if seen >= _SCAN_DOCUMENTS:
-            break
+    found = dataset_image_layouts(ds, spec, limit=_SCAN_DOCUMENTS)
     if not found:
         return None
     return found.pop() if len(found) == 1 else "mixed"

@@ -493,3 +493,26 @@ def detect_image_layout(ids: Any, spec: VocabSpec, allow_mixed: bool = False) ->
         where = ", ".join(f"image {i}: {n}" for i, n in enumerate(names))
         raise ImageLayoutError(f"the sequence mixes image layouts ({where})")
     return kinds.pop() if kinds else None
+
+
+def dataset_image_layouts(dataset: Any, spec: VocabSpec, limit: int | None = 64) -> set[str]:
+    """The image layouts of the first ``limit`` documents holding an image (all of them with ``None``).
+
+    ``dataset`` has ``num_documents`` and ``document(i)`` (an :class:`apertus_plugins.indexed.IndexedDataset`).
+    Each such document adds its layout (:func:`detect_image_layout`), ``"mixed"`` for one that mixes
+    both; an empty set means no image was found.
+    """
+    start = spec.id("img_start")
+    found: set[str] = set()
+    seen = 0
+    for d in range(dataset.num_documents):
+        ids = dataset.document(d)
+        if not np.any(ids == start):
+            continue
+        layout = detect_image_layout(ids, spec, allow_mixed=True)
+        if layout:
+            found.add(layout)
+        seen += 1
+        if limit is not None and seen >= limit:
+            break
+    return found

@@ -246,21 +246,9 @@ def _merge(cfg: TokenizeConfig, plan: Plan, records: dict[int, dict[str, Any]]) 
 def _check_layout(cfg: TokenizeConfig, spec: Any, limit: int = 64) -> str | None:
     """The image layout found in the first documents with images (a mixed or foreign layout raises)."""
     from ..indexed import IndexedDataset
-    from ..media.image import detect_image_layout
+    from ..media.image import dataset_image_layouts
 
-    ds = IndexedDataset(cfg.out)
-    img_start = spec.id("img_start")
-    found: set[str] = set()
-    checked = 0
-    for d in range(ds.num_documents):
-        ids = ds.document(d)
-        if not np.any(ids == img_start):
-            continue
-        found.add(detect_image_layout(ids, spec) or "")
-        checked += 1
-        if checked >= limit:
-            break
-    found.discard("")
+    found = dataset_image_layouts(IndexedDataset(cfg.out), spec, limit=limit)
     if found - {cfg.image_layout}:
         raise RunError(f"{cfg.out}: documents use the {', '.join(sorted(found))} image layout, the run asked for "
                        f"{cfg.image_layout}")
@@ -268,9 +256,9 @@ def _check_layout(cfg: TokenizeConfig, spec: Any, limit: int = 64) -> str | None
 
 
 def _metadata(cfg: TokenizeConfig, stream_suffix: str, spec: Any) -> dict[str, Any]:
-    from ..plugins import registry
+    from ..plugins import serving_layout
 
-    serving = registry().modalities["image"].layouts[0]
+    serving = serving_layout("image")
     fp = cfg.fingerprint()
     meta: dict[str, Any] = {
         "producer": "apertus tokenize",
@@ -299,7 +287,7 @@ def _metadata(cfg: TokenizeConfig, stream_suffix: str, spec: Any) -> dict[str, A
 # ---------------------------------------------------------------------- report
 def _report(cfg: TokenizeConfig, plan: Plan, records: dict[int, dict[str, Any]], spec: Any,
             timing: dict[str, Any]) -> dict[str, Any]:
-    from ..plugins import registry
+    from ..plugins import serving_layout
 
     skipped = [asdict(s) for s in plan.skipped]
     for b in plan.batches:
@@ -316,7 +304,7 @@ def _report(cfg: TokenizeConfig, plan: Plan, records: dict[int, dict[str, Any]],
     media = Counter()
     for r in records.values():
         media.update(r.get("media", {}))
-    serving = registry().modalities["image"].layouts[0]
+    serving = serving_layout("image")
     note = None
     if media.get("image") and cfg.image_layout != serving:
         note = (f"images are in the {cfg.image_layout} layout; serving (the released processor) uses the {serving} "

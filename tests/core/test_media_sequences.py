@@ -72,6 +72,33 @@ def test_both_layouts(spec):
         image.image_sequence(codes, spec)
 
 
+
+def test_dataset_image_layouts_scans_documents_with_images():
+    spec = SPECS[1]
+    codes = np.arange(4).reshape(2, 2)
+
+    def text_ids(s):
+        return [100 + "0123456789*".index(ch) for ch in s]
+
+    inf = list(image.image_sequence(codes, spec, "inference", text_ids=text_ids))
+    tr = list(image.image_sequence(codes, spec, "training", text_ids=text_ids))
+
+    class Docs:
+        def __init__(self, *docs):
+            self.docs = [np.asarray(d) for d in docs]
+            self.num_documents = len(self.docs)
+
+        def document(self, i):
+            return self.docs[i]
+
+    assert image.dataset_image_layouts(Docs([1, 2], [3]), spec) == set()
+    assert image.dataset_image_layouts(Docs([1, 2], inf, [7] + inf), spec) == {"inference"}
+    assert image.dataset_image_layouts(Docs(inf, tr), spec) == {"inference", "training"}
+    assert image.dataset_image_layouts(Docs(inf + tr, inf), spec) == {"mixed", "inference"}
+    # only the first `limit` documents holding an image count; documents without one do not
+    assert image.dataset_image_layouts(Docs([5], inf, [6], tr), spec, limit=1) == {"inference"}
+    assert image.dataset_image_layouts(Docs([5], inf, [6], tr), spec, limit=None) == {"inference", "training"}
+
 def test_preprocess_image_values_and_modes(tmp_path):
     rng = np.random.default_rng(0)
     for mode in ("RGB", "RGBA", "L", "P"):
