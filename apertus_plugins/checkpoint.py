@@ -39,6 +39,7 @@ from typing import Any
 from .encoders.config import AudioTokenizerConfig, VisionTokenizerConfig
 from .media import audio as media_audio
 from .media import image as media_image
+from .tensor_names import AUDIO_PREFIX, EMBEDDING, LANGUAGE_MODEL_PREFIX, LM_HEAD, VISION_PREFIX
 from .vocab import VocabSpec
 
 __all__ = [
@@ -218,9 +219,9 @@ def _language_model_tensors(size: TextSize, spec: VocabSpec, gen: Any, dtype: An
         return torch.tensor([raw], dtype=dtype)
 
     embed = normal(rows, h, gain=math.sqrt(h))  # scale 1 under "varied"
-    out: dict[str, torch.Tensor] = {"model.language_model.embed_tokens.weight": embed}
+    out: dict[str, torch.Tensor] = {EMBEDDING: embed}
     for i in range(size.num_hidden_layers):
-        pre = f"model.language_model.layers.{i}."
+        pre = f"{LANGUAGE_MODEL_PREFIX}layers.{i}."
         out.update({
             pre + "self_attn.q_proj.weight": normal(h, h),
             pre + "self_attn.k_proj.weight": normal(kv, h),
@@ -237,8 +238,8 @@ def _language_model_tensors(size: TextSize, spec: VocabSpec, gen: Any, dtype: An
             pre + "attention_layernorm.weight": ones(h),
             pre + "feedforward_layernorm.weight": ones(h),
         })
-    out["model.language_model.norm.weight"] = ones(h)
-    out["lm_head.weight"] = normal(spec.text_size, h, gain=3.0)
+    out[LANGUAGE_MODEL_PREFIX + "norm.weight"] = ones(h)
+    out[LM_HEAD] = normal(spec.text_size, h, gain=3.0)
     return out
 
 
@@ -335,8 +336,8 @@ def write_checkpoint(out_dir: str | Path, *, size: str | TextSize = "tiny", spec
         init_random_weights(vis, seed=int(seed) * 2 + 1)
         aud = AudioTokenizer(audio)
         init_random_weights(aud, seed=int(seed) * 2 + 2)
-        tensors.update({"model.vision_tokenizer." + k: v for k, v in vis.state_dict().items()})
-        tensors.update({"model.audio_tokenizer." + k: v for k, v in aud.state_dict().items()})
+        tensors.update({VISION_PREFIX + k: v for k, v in vis.state_dict().items()})
+        tensors.update({AUDIO_PREFIX + k: v for k, v in aud.state_dict().items()})
         _save_shards(tensors, tmp, shard_bytes)
         text = text_config_dict(text_size, spec, max_position_embeddings, dtype)
         _write_json(tmp / "config.json", _config_json(text, vision, audio, spec, dtype))

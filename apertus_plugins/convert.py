@@ -46,6 +46,8 @@ import torch
 
 from apertus_plugins import xielu as _xielu
 
+from .tensor_names import ENCODER_PREFIXES, LANGUAGE_MODEL_PREFIX, LM_HEAD
+
 __all__ = [
     "ConversionError",
     "HF_PREFIX_15",
@@ -66,10 +68,10 @@ __all__ = [
     "hf_config_from_shape",
 ]
 
-HF_PREFIX_15 = "model.language_model."
+HF_PREFIX_15 = LANGUAGE_MODEL_PREFIX
 HF_PREFIX_10 = "model."
 #: Tensors outside the language model, written back unchanged.
-PASSTHROUGH_PREFIXES = ("model.vision_tokenizer.", "model.audio_tokenizer.")
+PASSTHROUGH_PREFIXES = ENCODER_PREFIXES
 #: Fraction of the mean norm of the existing rows given to new embedding/head rows (SPEC.md 5).
 NEW_ROW_SCALE = 0.1
 #: The llama3 constants megatron-core's ``RotaryEmbedding`` applies (it exposes only the factor).
@@ -413,7 +415,7 @@ def hf_to_megatron(state: Mapping[str, torch.Tensor], shape: ModelShape, *, embe
     qkv: dict[int, dict[str, torch.Tensor]] = {}
     head = None
     for name, t in state.items():
-        if name == "lm_head.weight":
+        if name == LM_HEAD:
             head = t
             continue
         if name.startswith(PASSTHROUGH_PREFIXES):
@@ -488,7 +490,7 @@ def megatron_to_hf(tensors: Mapping[str, torch.Tensor], shape: ModelShape,
         elif name == "output_layer.weight":
             if t.shape[0] < shape.head_rows:
                 raise ConversionError(f"output_layer has {t.shape[0]} rows, fewer than the head's {shape.head_rows}")
-            out["lm_head.weight"] = t[: shape.head_rows].contiguous() if t.shape[0] != shape.head_rows else t
+            out[LM_HEAD] = t[: shape.head_rows].contiguous() if t.shape[0] != shape.head_rows else t
         else:
             m = re.match(r"^decoder\.layers\.(\d+)\.(.+)$", name)
             assert m is not None  # every expected name is a layer name or a top-level one

@@ -9,7 +9,8 @@ log-softmaxes both and sums ``q (log q - log r)`` over the vocabulary.
 Each measurement runs in a fresh subprocess. On CPU the peak is the process's peak resident
 memory above what it held once the inputs were allocated (``ru_maxrss``); on CUDA it is
 ``torch.cuda.max_memory_allocated`` above the inputs. A size whose naive logits do not fit
-is skipped by ``--naive-max-tokens`` and said so; no number is printed that was not measured.
+is skipped by ``--naive-max-tokens`` and said so; for it the line below the row gives the size of the
+naive path's two float32 logit matrices, computed and labelled so. Every other number is measured.
 
     python3 tools/dev.py run verl python benchmarks/bench_sdpo_loss.py                    # CPU sizes
     python benchmarks/bench_sdpo_loss.py --device cuda --tokens 65536 --naive-max-tokens 65536

@@ -47,6 +47,7 @@ from apertus_plugins.encoders import (
     VisionTokenizerConfig,
     group_by_shape,
 )
+from apertus_plugins.tensor_names import AUDIO_PREFIX, LANGUAGE_MODEL_PREFIX, VISION_PREFIX
 
 from .processing import Apertus1p5DummyInputsBuilder, Apertus1p5MultiModalProcessor, Apertus1p5ProcessingInfo
 
@@ -75,9 +76,9 @@ class Apertus1p5ForConditionalGeneration(nn.Module, SupportsMultiModal, Supports
             ".v_proj": (".qkv_proj", "v"),
         },
         orig_to_new_prefix={
-            "model.language_model.": "language_model.",
-            "model.vision_tokenizer.": "vision_tokenizer.",
-            "model.audio_tokenizer.": "audio_tokenizer.",
+            LANGUAGE_MODEL_PREFIX: "language_model.",
+            VISION_PREFIX: "vision_tokenizer.",
+            AUDIO_PREFIX: "audio_tokenizer.",
         },
     )
     packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}

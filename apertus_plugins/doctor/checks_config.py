@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..checkpoint import ROPE_FACTOR, ROPE_ORIGINAL_CONTEXT, ROPE_THETA
+from ..tensor_names import LM_HEAD
 from .registry import Context, check
 from .report import FAIL, PASS, WARN
 
@@ -15,7 +16,7 @@ __all__ = ["rope_parameters"]
 def output_vocab(ctx: Context) -> tuple[str, str]:
     text = ctx.ckpt.text_config
     declared = text.get("output_vocab_size")
-    rows = ctx.ckpt.tensor_rows("lm_head.weight")
+    rows = ctx.ckpt.tensor_rows(LM_HEAD)
     text_ids = ctx.ref.text_size
     problems = []
     if declared is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..tensor_names import EMBEDDING
 from ..vocab import ALIASES, VocabError, VocabSpec
 from .checkpoint_files import DoctorError, token_literal
 from .registry import Context, check, short
@@ -14,7 +15,7 @@ def _embedding_rows(ctx: Context) -> int | None:
     """Rows of the input embedding: the tensor when the weights are there, else ``text_config.vocab_size``."""
     if (ctx.ckpt.path / "config.json").is_file():
         try:
-            rows = ctx.ckpt.tensor_rows("model.language_model.embed_tokens.weight")
+            rows = ctx.ckpt.tensor_rows(EMBEDDING)
         except DoctorError:
             rows = None
         return rows if rows is not None else ctx.ckpt.text_config.get("vocab_size")
@@ -156,7 +157,7 @@ def omnimodal_config(ctx: Context) -> tuple[str, str]:
                                 f"{modality} codes")
         declared = ck.text_config.get("vocab_size")
         try:
-            rows = ck.tensor_rows("model.language_model.embed_tokens.weight")
+            rows = ck.tensor_rows(EMBEDDING)
         except DoctorError:
             rows = None
         if rows is not None and declared is not None and rows != declared:

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from ..tensor_names import AUDIO_PREFIX, VISION_PREFIX
 from .audio import AudioTokenizer, AudioTokenizerConfig
 from .precision import check_precision
 from .vision import VisionTokenizer, VisionTokenizerConfig
@@ -47,8 +48,6 @@ __all__ = [
 ]
 
 FORMATS = ("released", "emu3.5", "wavtokenizer")
-VISION_PREFIX = "model.vision_tokenizer."
-AUDIO_PREFIX = "model.audio_tokenizer."
 _HALF_ST = {"F16", "BF16"}
 _WAV_ENC = "feature_extractor.encodec.encoder.model."
 _WAV_VQ = "feature_extractor.encodec.quantizer."

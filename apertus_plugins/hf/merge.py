@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .layout import ENCODER_PREFIXES, is_text_tensor
+from ..tensor_names import ENCODER_PREFIXES, is_text_tensor
 
 __all__ = ["merge_text_weights", "tensor_files"]
 

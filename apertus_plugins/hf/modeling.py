@@ -33,9 +33,9 @@ from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, Gene
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.models.apertus.modeling_apertus import ApertusModel
 
+from ..tensor_names import ENCODER_PREFIXES
 from .configs import Apertus1p5Config
 from .configs import register as register_configs
-from .layout import ENCODER_PREFIXES
 
 __all__ = ["ENCODER_PREFIXES", "Apertus1p5ForCausalLM", "register"]
 

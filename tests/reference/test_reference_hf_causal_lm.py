@@ -14,8 +14,8 @@ import torch
 from transformers import Apertus1p5ForConditionalGeneration
 
 from apertus_plugins.checkpoint import write_checkpoint
-from apertus_plugins.hf.layout import ENCODER_PREFIXES
 from apertus_plugins.hf.modeling import Apertus1p5ForCausalLM
+from apertus_plugins.tensor_names import ENCODER_PREFIXES
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import load_file
 
 from apertus_plugins.checkpoint import write_checkpoint
-from apertus_plugins.hf.layout import ENCODER_PREFIXES
 from apertus_plugins.hf.modeling import Apertus1p5ForCausalLM
+from apertus_plugins.tensor_names import ENCODER_PREFIXES
 
 
 @pytest.fixture(scope="module")
