@@ -11,6 +11,13 @@ thinking span (or of the output) and reported in :attr:`ParsedOutput.errors` wit
 makes everything after the opener thinking and leaves the answer empty. Malformed calls never
 raise: they become :class:`ToolCallError` entries.
 
+Two readings of one output. :func:`parse_output` and :class:`StreamingParser` read it as a server
+must while it is generated: the thinking span is the one the output opens with and it ends at its
+first closing delimiter (serving's reasoning/content split, streamed or not). :func:`read_output`
+and :func:`visible_answer` read a finished output as every consumer of the answer does (rewards,
+judges, evaluation; SPEC.md 7): the answer follows the LAST closing delimiter, an unclosed span
+leaves none. The two agree whenever the output holds at most one thinking span, at its start.
+
 Inside a tool call every other delimiter is text of its arguments (``{"q": "<think>"}``, ``"</s>"``):
 only ``<|tools_suffix|>`` ends it, or the end of thinking for a call opened inside the thinking
 span. :func:`parse_output` and :class:`StreamingParser` read the delimiters the same way.
@@ -19,12 +26,14 @@ span. :func:`parse_output` and :class:`StreamingParser` read the delimiters the 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..vocab import CHAT_TOKENS
 
-__all__ = ["ParsedOutput", "StreamingParser", "ToolCall", "ToolCallError", "parse_output"]
+__all__ = ["ParsedOutput", "StreamingParser", "ToolCall", "ToolCallError", "parse_output", "read_output",
+           "visible_answer"]
 
 THINK_OPEN = (CHAT_TOKENS["inner_prefix"][0], "<think>")
 THINK_CLOSE = (CHAT_TOKENS["inner_suffix"][0], "</think>")
@@ -33,6 +42,7 @@ CALL_CLOSE = CHAT_TOKENS["tools_suffix"][0]
 TURN_END = CHAT_TOKENS["assistant_end"][0]
 EOS = CHAT_TOKENS["eos"][0]
 _MARKERS = THINK_OPEN + THINK_CLOSE + (CALL_OPEN, CALL_CLOSE, TURN_END, EOS)
+_OPEN_CLOSE = re.compile("|".join(re.escape(m) for m in sorted(THINK_OPEN + THINK_CLOSE, key=len, reverse=True)))
 
 
 @dataclass
@@ -163,6 +173,79 @@ def parse_output(output: str | Any, tokenizer: Any = None) -> ParsedOutput:
     if opened and closed is None:
         content = ""
     return ParsedOutput(thinking=thinking, content=content, tool_calls=calls, errors=errors)
+
+
+def _reader_layout(text: str) -> tuple[int, tuple[int, int] | None, int | None]:
+    """Where the output ends, where the last thinking span closes, and where an unclosed span opens.
+
+    Delimiters inside a tool call are text of the call, except that a closing thinking delimiter
+    ends a call opened inside the span (its terminator missing), as for :func:`parse_output`.
+    Returns ``(end, (close_start, close_end) or None, open_end or None)``: the last closing
+    delimiter (with or without an opener before it), and the end of an opener after it that is
+    never closed.
+    """
+    mode, call_in_thinking = "content", False
+    closed: tuple[int, int] | None = None
+    opened: int | None = None
+    for i, mk in _find_markers(text):
+        if mode == "call":
+            if mk == CALL_CLOSE:
+                mode = "content"
+            elif mk in THINK_CLOSE and call_in_thinking:
+                mode, closed, opened = "content", (i, i + len(mk)), None
+            continue
+        if mk in (TURN_END, EOS):
+            return i, closed, opened
+        if mk in THINK_CLOSE:
+            closed, opened = (i, i + len(mk)), None
+        elif mk in THINK_OPEN and opened is None:
+            opened = i + len(mk)
+        elif mk == CALL_OPEN:
+            mode, call_in_thinking = "call", opened is not None
+    return len(text), closed, opened
+
+
+def read_output(output: str | Any, tokenizer: Any = None) -> ParsedOutput:
+    """What a reader of a finished generation sees: the one rule of rewards, judges and evaluation.
+
+    The answer is what follows the LAST closing thinking delimiter (either surface form, with or
+    without an opener before it: the opener may have been part of the prompt); a thinking span
+    opened and never closed leaves no answer (SPEC.md 7). Everything before the last closer is
+    thinking, its delimiters removed. Tool calls are taken out of both; ``in_thinking`` says on
+    which side of the last closer each one stands. Text after the end of the turn is dropped.
+
+    :func:`parse_output` and :class:`StreamingParser` read the output as a server must while it is
+    generated: the thinking span is the one the output opens with, and it ends at its first
+    closing delimiter (a stream cannot wait for a later one). They agree with this function
+    whenever the output holds at most one thinking span, at its start.
+    """
+    if not isinstance(output, str):
+        if tokenizer is None:
+            raise ValueError("read_output: a tokenizer is needed to read ids")
+        output = tokenizer.decode([int(i) for i in output])
+    end, closed, opened = _reader_layout(output)
+    text = output[:end]
+    calls: list[ToolCall] = []
+    errors: list[ToolCallError] = []
+    thinking: str | None = None
+    answer = text
+    if closed is not None:
+        thinking = _OPEN_CLOSE.sub("", _extract_calls(text[: closed[0]], True, calls, errors))
+        answer = text[closed[1]:]
+    if opened is not None:  # a span opened after the answer began and never closed: no answer
+        at = opened - (0 if closed is None else closed[1])
+        before = answer[:at]
+        before = before[: len(before) - max(len(m) for m in THINK_OPEN if before.endswith(m))]
+        _extract_calls(before, False, calls, errors)
+        tail = _extract_calls(answer[at:], True, calls, errors)
+        return ParsedOutput(thinking=(thinking or "") + tail, content="", tool_calls=calls, errors=errors)
+    content = _extract_calls(answer, False, calls, errors)
+    return ParsedOutput(thinking=thinking, content=content, tool_calls=calls, errors=errors)
+
+
+def visible_answer(output: str | Any, tokenizer: Any = None) -> str:
+    """The answer a reader sees (:func:`read_output`), tool calls removed, outer whitespace stripped."""
+    return read_output(output, tokenizer).content.strip()
 
 
 class StreamingParser:

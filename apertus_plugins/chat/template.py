@@ -1,10 +1,12 @@
 """The Apertus 1.5 chat template, in two variants, from one Jinja source.
 
-``inference`` inserts the default system prompt when the conversation has none; ``training``
-renders an explicit empty system block, so no user-controlled text can occupy the system slot.
-:func:`jinja_template` returns the source for a Hugging Face ``chat_template``; :func:`render`
-renders from Python through the same source after :func:`normalize_messages` has checked the
-messages and turned OpenAI-style inputs into the canonical shape.
+The template renders the bytes of the released (canonical) Apertus 1.5 chat template for every
+conversation that template accepts (checked in the core suite against renders of the released
+template, ``tests/core/data/chat_canonical.json``). ``inference`` inserts the default system
+prompt when the conversation has none; ``training`` renders an explicit empty system block, so
+no user-controlled text can occupy the system slot. :func:`jinja_template` returns the source
+for a Hugging Face ``chat_template``; :func:`render` renders from Python through the same source
+after :func:`normalize_messages` has checked the messages.
 """
 
 from __future__ import annotations
@@ -14,13 +16,15 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-__all__ = ["VARIANTS", "ChatFormatError", "compile_template", "jinja_template", "normalize_messages", "render"]
+__all__ = ["VARIANTS", "ChatFormatError", "compile_template", "jinja_template", "normalize_messages",
+           "reasoning_as_blocks", "render"]
 
 VARIANTS = ("inference", "training")
-TEXT_PARTS = ("text", "input_text")
+TEXT_PARTS = ("text",)
 IMAGE_PARTS = ("image", "image_url", "input_image")
 AUDIO_PARTS = ("audio", "audio_url", "input_audio")
 ROLES = ("system", "user", "assistant", "tool")
+BLOCKS = ("thoughts", "response", "tool_calls", "tool_outputs")
 
 
 class ChatFormatError(ValueError):
@@ -69,65 +73,49 @@ def _compiled(variant: str) -> Any:
     return compile_template(jinja_template(variant))
 
 
-def _norm_part(part: Any, where: str) -> dict[str, Any]:
-    if isinstance(part, str):
-        return {"type": "text", "text": part}
-    if not isinstance(part, dict) or "type" not in part:
-        raise ChatFormatError(f"{where}: a content part must be a mapping with a 'type', got {part!r:.80}")
-    kind = part["type"]
-    if kind in TEXT_PARTS:
-        if not isinstance(part.get("text"), str):
-            raise ChatFormatError(f"{where}: a text part needs a string 'text'")
-        return {"type": "text", "text": part["text"]}
-    if kind in IMAGE_PARTS or kind in AUDIO_PARTS:
-        return dict(part)
-    raise ChatFormatError(
-        f"{where}: unknown content part type {kind!r} (expected one of "
-        f"{', '.join(TEXT_PARTS + IMAGE_PARTS + AUDIO_PARTS)})"
-    )
+def _check_parts(parts: Any, where: str, text_only: bool) -> None:
+    for k, part in enumerate(parts):
+        if isinstance(part, str):
+            continue
+        if not isinstance(part, dict) or "type" not in part:
+            raise ChatFormatError(f"{where}, part {k}: a content part must be a mapping with a 'type', got {part!r:.80}")
+        kind = part["type"]
+        if kind == "text":
+            if not isinstance(part.get("text"), str):
+                raise ChatFormatError(f"{where}, part {k}: a text part needs a string 'text'")
+        elif text_only:
+            raise ChatFormatError(f"{where}, part {k}: only text parts can stand here, got {kind!r}")
+        elif kind not in IMAGE_PARTS + AUDIO_PARTS:
+            raise ChatFormatError(
+                f"{where}, part {k}: unknown content part type {kind!r} (expected one of "
+                f"{', '.join(TEXT_PARTS + IMAGE_PARTS + AUDIO_PARTS)})")
 
 
-def _norm_content(content: Any, where: str) -> Any:
-    if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, list):
-        return {"parts": [_norm_part(p, f"{where}, part {k}") for k, p in enumerate(content)]}
-    if isinstance(content, dict) and "parts" in content:
-        return {"parts": [_norm_part(p, f"{where}, part {k}") for k, p in enumerate(content["parts"])]}
-    if isinstance(content, dict) and "blocks" in content:
-        return content
-    raise ChatFormatError(f"{where}: content must be a string, a list of parts or a mapping with 'parts'")
-
-
-def _norm_call(call: Any, where: str) -> dict[str, Any]:
-    fn = call.get("function", call) if isinstance(call, dict) else None
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-        raise ChatFormatError(f"{where}: a tool call needs a function name")
-    args = fn.get("arguments", {})
-    if isinstance(args, str):
-        try:
-            json.loads(args)
-        except json.JSONDecodeError as exc:
-            raise ChatFormatError(f"{where}: tool call {fn['name']!r} has arguments that are not JSON ({exc})") from exc
-    elif not isinstance(args, dict):
-        raise ChatFormatError(f"{where}: tool call {fn['name']!r} arguments must be a JSON string or an object")
-    return {"type": "function", "function": {"name": fn["name"], "arguments": args}}
+def _text_of(parts: list[Any]) -> str:
+    return "".join(p if isinstance(p, str) else p["text"] for p in parts)
 
 
 def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Check the messages and return them in the canonical shape the template renders.
+    """Check the messages and return them in the shape the released template renders.
 
-    Accepts OpenAI-style inputs: content as a list of parts (``text``/``input_text``, image parts
-    ``image``/``image_url``/``input_image``, audio parts ``audio``/``audio_url``/``input_audio``),
-    ``reasoning_content`` (or ``reasoning``) on assistant messages as the thinking span, tool
-    calls with arguments as a JSON string or an object. Raises :class:`ChatFormatError` naming the
-    message index for an unknown role, a system message that is not first, a tool message that
-    does not follow an assistant tool call, an unknown part type or malformed tool-call arguments.
+    The released (canonical) shapes pass unchanged: string contents, user content as
+    ``{"parts": [...]}`` (``text`` parts, image parts ``image``/``image_url``/``input_image``, audio
+    parts ``audio``/``audio_url``/``input_audio``), assistant content as a string or as
+    ``{"blocks": [...]}`` (``thoughts``, ``response``, ``tool_calls``, ``tool_outputs``), tool calls
+    with JSON-string arguments. OpenAI-style lists of parts become the canonical shape (user:
+    ``{"parts": ...}``; system, assistant and tool: their text joined); tool-call arguments given
+    as an object are kept (the template writes them as JSON). ``reasoning_content`` is ignored, as
+    by the released template: thinking is rendered from ``thoughts`` blocks
+    (:func:`reasoning_as_blocks` converts). Raises :class:`ChatFormatError` naming the message for
+    what the format rejects: a non-mapping message, an unknown role, a system message that is not
+    first, a tool message outside an assistant turn, an unknown part or block type, malformed tool
+    calls, and tool-output blocks whose entries are not ``{"output": ...}`` (the released template
+    would silently render those empty).
     """
     if not isinstance(messages, list):
         raise ChatFormatError("messages must be a list")
     out: list[dict[str, Any]] = []
-    waiting = False  # an assistant tool call is waiting for its outputs
+    in_turn = False
     for i, m in enumerate(messages):
         where = f"message {i}"
         if not isinstance(m, dict) or "role" not in m:
@@ -135,44 +123,96 @@ def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         role = m["role"]
         if role not in ROLES:
             raise ChatFormatError(f"{where}: unknown role {role!r} (expected one of {', '.join(ROLES)})")
-        if role == "system":
-            if i != 0:
-                raise ChatFormatError(f"{where}: a system message may only be the first message")
-            c = m.get("content")
-            if isinstance(c, dict) and isinstance(c.get("text"), str):
-                out.append({"role": "system", "content": c["text"]})
-            elif isinstance(c, str):
-                out.append({"role": "system", "content": c})
-            elif isinstance(c, list) and all(isinstance(p, dict) and p.get("type") in TEXT_PARTS for p in c):
-                out.append({"role": "system", "content": "".join(p["text"] for p in c)})
-            else:
-                raise ChatFormatError(f"{where}: system content must be a string or a mapping with 'text'")
-            continue
-        if role == "tool":
-            if not waiting:
-                raise ChatFormatError(f"{where}: a tool message must follow an assistant message with tool calls")
-            content = _norm_content(m.get("content"), where)
-            out.append({"role": "tool", "content": content})
-            continue
+        m = dict(m)
+        c = m.get("content")
+        if role == "system" and i != 0:
+            raise ChatFormatError(f"{where}: a system message may only be the first message")
+        if isinstance(c, list):
+            _check_parts(c, where, text_only=role != "user")
+            m["content"] = {"parts": c} if role == "user" else _text_of(c)
+        elif role == "user" and isinstance(c, dict) and "parts" in c:
+            _check_parts(c["parts"], where, text_only=False)
         if role == "user":
-            waiting = False
-            out.append({"role": "user", "content": _norm_content(m.get("content"), where)})
+            in_turn = False
+        elif role == "assistant":
+            in_turn = True
+            _check_assistant(m, where)
+        elif role == "tool" and not in_turn:
+            raise ChatFormatError(f"{where}: a tool message must follow an assistant message")
+        out.append(m)
+    return out
+
+
+def _check_calls(calls: Any, where: str) -> None:
+    if not isinstance(calls, list):
+        raise ChatFormatError(f"{where}: tool calls must be a list")
+    for k, call in enumerate(calls):
+        fn = call.get("function") or call if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ChatFormatError(f"{where}, call {k}: a tool call needs a string name")
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                json.loads(args)
+            except json.JSONDecodeError as exc:
+                raise ChatFormatError(f"{where}, call {k} ({fn['name']}): arguments are not JSON ({exc})") from exc
+        elif not isinstance(args, dict):
+            raise ChatFormatError(f"{where}, call {k} ({fn['name']}): arguments must be a JSON string or an object")
+
+
+def _check_assistant(m: dict[str, Any], where: str) -> None:
+    c = m.get("content")
+    if isinstance(c, dict) and "blocks" in c:
+        for k, b in enumerate(c["blocks"]):
+            bwhere = f"{where}, block {k}"
+            if not isinstance(b, dict) or b.get("type") not in BLOCKS:
+                raise ChatFormatError(f"{bwhere}: unknown assistant block {b!r:.80} (types are {', '.join(BLOCKS)})")
+            if b["type"] == "tool_calls":
+                _check_calls(b.get("calls"), bwhere)
+            elif b["type"] == "tool_outputs":
+                outs = b.get("outputs")
+                if not isinstance(outs, list) or not all(isinstance(o, dict) and "output" in o for o in outs):
+                    raise ChatFormatError(f"{bwhere}: tool outputs must be a list of {{\"output\": ...}} mappings")
+    if m.get("tool_calls"):
+        _check_calls(m["tool_calls"], f"{where}, tool_calls")
+
+
+def reasoning_as_blocks(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI-style assistant messages with ``reasoning_content`` as the canonical blocks form.
+
+    The released template renders thinking only from ``thoughts`` blocks (it ignores
+    ``reasoning_content``), and a conversation uses one assistant form throughout; so when any
+    assistant message carries ``reasoning_content`` (or ``reasoning``), every assistant message in
+    string form becomes ``{"blocks": [thoughts, response, tool_calls]}`` (the blocks it has), tool
+    calls as ``{"name", "arguments"}`` with JSON-string arguments. Other conversations are
+    returned unchanged. Used for SFT data (``apertus tokenize sft``).
+    """
+    def reasoning(m: dict[str, Any]) -> Any:
+        return m.get("reasoning_content") or m.get("reasoning")
+
+    if not any(m.get("role") == "assistant" and reasoning(m) for m in messages):
+        return messages
+    out = []
+    for m in normalize_messages(messages):
+        c = m.get("content")
+        if m["role"] != "assistant" or not isinstance(c, str):
+            out.append(m)
             continue
-        msg: dict[str, Any] = {"role": "assistant", "content": _norm_content(m.get("content"), where)}
-        reasoning = m.get("reasoning_content") or m.get("reasoning")
-        if reasoning:
-            if not isinstance(reasoning, str):
-                raise ChatFormatError(f"{where}: reasoning_content must be a string")
-            msg["reasoning_content"] = reasoning
-        calls = m.get("tool_calls") or []
-        if calls:
-            msg["tool_calls"] = [_norm_call(c, f"{where}, tool call {k}") for k, c in enumerate(calls)]
-        if isinstance(msg["content"], dict) and "blocks" in msg["content"]:
-            for k, b in enumerate(msg["content"]["blocks"]):
-                if not isinstance(b, dict) or b.get("type") not in ("thoughts", "response", "tool_calls", "tool_outputs"):
-                    raise ChatFormatError(f"{where}, block {k}: unknown assistant block {b!r:.80}")
-        waiting = bool(calls)
-        out.append(msg)
+        blocks: list[dict[str, Any]] = []
+        if reasoning(m):
+            blocks.append({"type": "thoughts", "text": reasoning(m)})
+        if c:
+            blocks.append({"type": "response", "text": c})
+        if m.get("tool_calls"):
+            calls = []
+            for call in m["tool_calls"]:
+                fn = call.get("function") or call
+                args = fn.get("arguments", {})
+                calls.append({"name": fn["name"],
+                              "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)})
+            blocks.append({"type": "tool_calls", "calls": calls})
+        rest = {k: v for k, v in m.items() if k not in ("content", "reasoning_content", "reasoning", "tool_calls")}
+        out.append({**rest, "content": {"blocks": blocks}})
     return out
 
 
@@ -205,12 +245,19 @@ def render_normalized(
     template: str | None = None,
 ) -> str:
     """Render messages that :func:`normalize_messages` has already checked."""
+    from jinja2 import TemplateError
+
     compiled = _compiled(variant) if template is None else compile_template(template)
-    return compiled.render(
-        messages=msgs,
-        tools=tools or None,
-        add_generation_prompt=add_generation_prompt,
-        enable_thinking=enable_thinking,
-        continue_assistant_message=continue_assistant_message,
-        bos_token=bos_token,
-    )
+    try:
+        return compiled.render(
+            messages=msgs,
+            tools=tools or None,
+            add_generation_prompt=add_generation_prompt,
+            enable_thinking=enable_thinking,
+            continue_assistant_message=continue_assistant_message,
+            bos_token=bos_token,
+        )
+    except ChatFormatError:
+        raise
+    except (TemplateError, TypeError, ValueError) as exc:
+        raise ChatFormatError(f"the conversation cannot be rendered: {type(exc).__name__}: {exc}") from exc

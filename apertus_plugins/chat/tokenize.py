@@ -8,9 +8,11 @@ added or special token and no alias rewrite can fire inside it. If a merge ever 
 structure id inside text, that piece is re-encoded character by character.
 
 How user text is told apart from the template's own structure: before rendering, every string
-of the messages and tools that reaches the output (message content, tool outputs, tool names,
-descriptions, enum values and defaults) is wrapped in private-use sentinel characters, which are
-removed again while the rendered string is scanned. Assistant text is the one exception to "no
+of the messages and tools that reaches the output (message content, tool outputs, tool calls,
+tool names, descriptions, property names, enum values, type names and defaults, strings inside
+JSON defaults included) is wrapped in private-use sentinel characters, which are removed again
+while the rendered string is scanned (the template ignores them where it measures or compares a
+string, so the rendered bytes do not change). Assistant text is the one exception to "no
 structure": the thinking delimiters in it, in either surface form (``<|inner_prefix|>`` or
 ``<think>``, ``<|inner_suffix|>`` or ``</think>``), become the delimiter ids, as the released
 tokenizer's normalizer does for training data; any other structure literal in assistant text
@@ -23,6 +25,7 @@ processor expands later.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -31,10 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from ..vocab import ALIASES, VocabSpec
+from ..vocab import ALIASES, CODE_TOKEN_FORMATS, LEGACY_REWRITES, VocabSpec, default_spec
 from .template import ChatFormatError, normalize_messages, render_normalized
 
-__all__ = ["ROLES", "ChatTokenizer", "Encoded", "MediaItem"]
+__all__ = ["ROLES", "ChatTokenizer", "Encoded", "MediaItem", "injection_literals"]
 
 #: Role codes of :attr:`Encoded.roles`.
 ROLES = ("structure", "system", "developer", "user", "assistant", "tool", "image", "audio")
@@ -47,6 +50,18 @@ _U_OPEN, _A_OPEN, _CLOSE = "\ue000", "\ue002", "\ue001"
 _SENTINELS = re.compile(f"([{_U_OPEN}{_A_OPEN}{_CLOSE}])")
 
 
+def injection_literals(spec: VocabSpec) -> list[str]:
+    """The strings user text must never turn into structure: every chat and omni literal of ``spec``,
+    the aliases, the first and last code literal of each modality, ``<SPECIAL_N>`` and the older
+    reasoning markup the released normalizer rewrites (``<thought>``, ``<answer>``, channel markers)."""
+    out = list(spec.literal_to_id)
+    for m in spec.modalities:
+        if m.name in CODE_TOKEN_FORMATS:
+            out += [spec.code_literal(m.name, 0), spec.code_literal(m.name, m.size - 1)]
+    out += list(LEGACY_REWRITES) + ["<|channel|>thought\n", "<channel|>", "<SPECIAL_5>"]
+    return list(dict.fromkeys(out))
+
+
 @dataclass(frozen=True)
 class MediaItem:
     """The full id sequence of one media item (e.g. from ``media.image.image_sequence``)."""
@@ -57,10 +72,12 @@ class MediaItem:
 
 @dataclass
 class Encoded:
-    """Token ids of a conversation with a role code per token (see :data:`ROLES`)."""
+    """Token ids of a conversation with a role code per token (see :data:`ROLES`), and the rendered
+    string they encode (media placeholders unexpanded)."""
 
     ids: np.ndarray
     roles: np.ndarray
+    text: str = ""
 
     def segments(self) -> Iterator[tuple[str, int, int]]:
         """Runs of equal role: ``(role name, start, stop)``."""
@@ -74,58 +91,95 @@ class Encoded:
 
 
 def _wrap(s: Any, mark: str = _U_OPEN) -> Any:
-    if not isinstance(s, str):
+    """A string the template prints verbatim, marked as text (the empty string stays empty:
+    the template tests some strings for truth)."""
+    if not isinstance(s, str) or not s:
         return s
     if _SENTINELS.search(s):
         raise ChatFormatError("text contains a private-use character U+E000..U+E002 reserved by the tokenizer")
     return f"{mark}{s}{_CLOSE}"
 
 
+def _printed(v: Any, mark: str = _U_OPEN) -> str:
+    """A value the template prints with ``str()`` (a number, a container), marked as text."""
+    return _wrap(v if isinstance(v, str) else str(v), mark)
+
+
+def _wrap_json(v: Any) -> Any:
+    """A value the template writes with ``tojson``: every string inside it marked."""
+    if isinstance(v, str):
+        return _wrap(v)
+    if isinstance(v, list):
+        return [_wrap_json(x) for x in v]
+    if isinstance(v, dict):
+        return {_wrap(k): _wrap_json(x) for k, x in v.items()}
+    return v
+
+
 def _wrap_content(content: Any, mark: str) -> Any:
     if isinstance(content, str):
-        return _wrap(content, mark) if content else content
+        return _wrap(content, mark)
     if isinstance(content, dict) and "parts" in content:
-        parts = [dict(p, text=_wrap(p["text"], mark)) if p.get("type") == "text" else p for p in content["parts"]]
-        return {"parts": parts}
+        parts = [_wrap(p, mark) if isinstance(p, str) else
+                 dict(p, text=_wrap(p["text"], mark)) if p.get("type") == "text" else p for p in content["parts"]]
+        return {**content, "parts": parts}
     if isinstance(content, dict) and "blocks" in content:
         blocks = []
         for b in content["blocks"]:
             b = dict(b)
             if "text" in b:
-                b["text"] = _wrap(b["text"], mark)
-            if "outputs" in b:
-                b["outputs"] = [_wrap(o) for o in b["outputs"]]
-            if "calls" in b:
+                b["text"] = _printed(b["text"], mark)
+            if isinstance(b.get("outputs"), list):
+                b["outputs"] = [dict(o, output=_printed(o["output"])) if isinstance(o, dict) and "output" in o else o
+                                for o in b["outputs"]]
+            if isinstance(b.get("calls"), list):
                 b["calls"] = [_wrap_call(c) for c in b["calls"]]
             blocks.append(b)
-        return {"blocks": blocks}
+        return {**content, "blocks": blocks}
     return content
 
 
-def _wrap_call(call: dict[str, Any]) -> dict[str, Any]:
-    import json
+def _wrap_fn(fn: dict[str, Any]) -> dict[str, Any]:
+    """A call's (or a tool's) name and arguments marked as text; arguments given as an object are
+    written as the JSON the template would write (``tojson``)."""
+    fn = dict(fn)
+    fn["name"] = _wrap(fn.get("name"))
+    args = fn.get("arguments")
+    if isinstance(args, dict):
+        fn["arguments"] = _wrap(json.dumps(args, ensure_ascii=False))
+    elif isinstance(args, str):
+        fn["arguments"] = _wrap(args)
+    return fn
 
-    fn = dict(call.get("function", call))
-    args = fn.get("arguments", {})
-    # both are rendered verbatim or through tojson, which keeps the sentinels as they are
-    fn["name"] = _wrap(fn["name"])
-    fn["arguments"] = _wrap(args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
-    return {"type": "function", "function": fn}
+
+def _wrap_call(call: Any) -> Any:
+    """The same call, its shape kept (the template reads ``name`` of a bare call)."""
+    if not isinstance(call, dict):
+        return call
+    if isinstance(call.get("function"), dict) and call["function"]:
+        return {**call, "function": _wrap_fn(call["function"])}
+    return _wrap_fn(call)
 
 
 def _wrap_schema(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
-    for key in ("description", "default"):
-        if key in out:
-            out[key] = _wrap(out[key]) if isinstance(out[key], str) else _wrap(str(out[key]))
-    if isinstance(out.get("enum"), list):
-        out["enum"] = [_wrap(v) if isinstance(v, str) else v for v in out["enum"]]
+    if isinstance(out.get("description"), str):
+        out["description"] = _wrap(out["description"])
+    if "default" in out:
+        out["default"] = _wrap_json(out["default"])
+    enum = out.get("enum")
+    if isinstance(enum, list):
+        out["enum"] = [_printed(v) for v in enum]
+    elif isinstance(enum, dict):
+        out["enum"] = {_printed(k): v for k, v in enum.items()}
+    if isinstance(out.get("type"), list):
+        out["type"] = [_printed(t) for t in out["type"]]
     if isinstance(out.get("properties"), dict):
         out["properties"] = {_wrap(k): _wrap_schema(v) for k, v in out["properties"].items()}
-        if isinstance(out.get("required"), list):
-            out["required"] = [_wrap(r) for r in out["required"]]
+    if isinstance(out.get("required"), list):
+        out["required"] = [_wrap(r) for r in out["required"]]
     if isinstance(out.get("items"), dict):
         out["items"] = _wrap_schema(out["items"])
     if isinstance(out.get("oneOf"), list):
@@ -133,30 +187,44 @@ def _wrap_schema(schema: Any) -> Any:
     return out
 
 
+def _wrap_tool(tool: Any) -> Any:
+    if not isinstance(tool, dict):
+        return tool
+
+    def fn(f: dict[str, Any]) -> dict[str, Any]:
+        f = dict(f)
+        f["name"] = _wrap(f.get("name"))
+        if isinstance(f.get("description"), str):
+            f["description"] = _wrap(f["description"])
+        if isinstance(f.get("parameters"), dict):
+            f["parameters"] = _wrap_schema(f["parameters"])
+        return f
+
+    if isinstance(tool.get("function"), dict) and tool["function"]:
+        return {**tool, "function": fn(tool["function"])}
+    return fn(tool)
+
+
 def _wrap_tools(tools: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    if not tools:
-        return None
-    out = []
-    for t in tools:
-        fn = dict(t.get("function", t))
-        fn["name"] = _wrap(fn.get("name", ""))
-        if "description" in fn:
-            fn["description"] = _wrap(fn["description"])
-        if isinstance(fn.get("parameters"), dict):
-            fn["parameters"] = _wrap_schema(fn["parameters"])
-        out.append({"type": "function", "function": fn})
-    return out
+    return [_wrap_tool(t) for t in tools] if tools else None
 
 
 def _wrap_messages(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every string of the messages that the template prints, marked: assistant text with
+    ``_A_OPEN`` (thinking delimiters in it become ids), all other text with ``_U_OPEN``."""
     out = []
     for m in msgs:
         m = dict(m)
-        mark = _A_OPEN if m["role"] == "assistant" else _U_OPEN
-        m["content"] = _wrap_content(m.get("content"), mark)
-        if m.get("reasoning_content"):
-            m["reasoning_content"] = _wrap(m["reasoning_content"], _A_OPEN)
-        if m.get("tool_calls"):
+        role = m["role"]
+        if "content" in m:
+            c = m["content"]
+            if role == "system" and isinstance(c, dict) and "text" in c:
+                m["content"] = dict(c, text=_wrap(c["text"]))
+            elif role == "tool" and not isinstance(c, str):
+                m["content"] = _printed(c)
+            else:
+                m["content"] = _wrap_content(c, _A_OPEN if role == "assistant" else _U_OPEN)
+        if role == "assistant" and isinstance(m.get("tool_calls"), list):
             m["tool_calls"] = [_wrap_call(c) for c in m["tool_calls"]]
         out.append(m)
     return out
@@ -179,7 +247,7 @@ class ChatTokenizer:
             self.spec = spec or VocabSpec.from_tokenizer_dir(path)
         else:
             self._tok = tokenizer
-            self.spec = spec or VocabSpec()
+            self.spec = spec or default_spec()
         self._forbidden = self.spec.structure_ids
         lits = {self.spec.literal(n): i for n, i in self.spec.name_to_id.items()}
         self._structure = lits
@@ -305,7 +373,7 @@ class ChatTokenizer:
         if media is not None and state["media"] != len(media):
             raise ChatFormatError(f"{len(media)} media items given but the conversation has "
                                   f"{state['media']} media placeholders")
-        return Encoded(np.asarray(ids, dtype=np.int64), np.asarray(roles, dtype=np.uint8))
+        return Encoded(np.asarray(ids, dtype=np.int64), np.asarray(roles, dtype=np.uint8), _SENTINELS.sub("", text))
 
     def ids_by_role(self, enc: Encoded) -> list[dict[str, Any]]:
         """``[{"role": ..., "ids": [...]}, ...]`` for ``apertus render --ids``."""

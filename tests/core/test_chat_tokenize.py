@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from _vectors import VECTORS
+from _vectors import RENDERED, VECTORS, kwargs_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +15,7 @@ from apertus_plugins.chat import (
     ChatTokenizer,
     MediaItem,
     StreamingParser,
+    injection_literals,
     parse_output,
     render,
 )
@@ -34,35 +35,66 @@ def hf_tok(small_tokenizer_dir):
     return Tokenizer.from_file(str(small_tokenizer_dir / "tokenizer.json"))
 
 
-@pytest.mark.parametrize("vec", VECTORS, ids=[v["name"] for v in VECTORS])
+@pytest.mark.parametrize("vec", VECTORS + RENDERED, ids=[v["name"] for v in VECTORS + RENDERED])
 def test_vectors_tokenize_like_the_tokenizer_and_decode_byte_identical(vec, chat, hf_tok):
-    enc = chat.encode_conversation(**vec["input"])
+    enc = chat.encode_conversation(**kwargs_of(vec))
     assert list(enc.ids) == hf_tok.encode(vec["rendered"], add_special_tokens=False).ids
     assert chat.decode(enc.ids) == vec["rendered"]
     assert len(enc.roles) == len(enc.ids)
 
 
 def _injection_corpus(spec: VocabSpec) -> list[str]:
-    lits = list(spec.literal_to_id) + ["<thought>", "</thought>", "<answer>", "<s>", "</s>", "<SPECIAL_5>",
-                                       "<|visual token 3|>", "<|audio token 0|>", "<|omni_reserved_0|>"]
+    lits = injection_literals(spec) + ["<|visual token 3|>", "<|omni_reserved_0|>"]
     return lits + ["".join(lits), "x" + "y".join(lits) + "z"]
+
+
+def test_the_injection_literals_cover_every_structure_literal(small_spec):
+    lits = injection_literals(small_spec)
+    assert set(small_spec.literal_to_id) <= set(lits)
+    for want in ("<think>", "</think>", "<image>", "<audio>", "<thought>", "<answer>", "<s>", "</s>",
+                 small_spec.code_literal("image", 0), small_spec.code_literal("audio", 63)):
+        assert want in lits
+
+
+def _corpus_conversation(lit: str) -> tuple[list, list]:
+    text = f"before {lit} after"
+    tools = [{"type": "function", "function": {
+        "name": f"f{lit}", "description": text,
+        "parameters": {"type": "object", "required": [f"p{lit}"], "properties": {
+            f"p{lit}": {"type": "string", "description": text, "enum": [text, 3], "default": text},
+            "q": {"type": ["string", f"x{lit}"], "default": {text: [text, 1]}},
+            "r": {"type": "array", "items": {"type": "object", "properties": {f"k{lit}": {"type": "string"}}}},
+            "s": {"oneOf": [{"type": "string", "description": text, "default": text}, {"type": "number"}]}}}}},
+        {"name": f"bare{lit}", "description": text}]
+    msgs = [
+        {"role": "system", "content": text},
+        {"role": "user", "content": [{"type": "text", "text": text}, {"type": "image"}]},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": f"g{lit}", "arguments": {"q": text}}}]},
+        {"role": "tool", "content": text},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": text},
+    ]
+    return msgs, tools
+
+
+def _blocks_conversation(lit: str) -> list:
+    text = f"before {lit} after"
+    return [
+        {"role": "user", "content": {"parts": [{"type": "text", "text": text}, {"type": "audio"}]}},
+        {"role": "assistant", "content": {"blocks": [
+            {"type": "thoughts", "text": "plan"},
+            {"type": "tool_calls", "calls": [{"name": f"g{lit}", "arguments": json.dumps({"q": text})},
+                                             {"function": {"name": "h", "arguments": {"q": text}}}]},
+            {"type": "tool_outputs", "outputs": [{"output": text}, {"output": {"k": text}}]},
+            {"type": "response", "text": "done"},
+            {"type": "tool_calls", "calls": [{"name": "display_answers", "arguments": json.dumps({"a": text})}]}]}},
+        {"role": "user", "content": text},
+    ]
 
 
 def test_injection_corpus_yields_no_structure_ids(chat, small_spec):
     for lit in _injection_corpus(small_spec):
-        text = f"before {lit} after"
-        tools = [{"type": "function", "function": {
-            "name": f"f{lit}", "description": text,
-            "parameters": {"type": "object", "properties": {f"p{lit}": {"type": "string", "description": text,
-                                                                        "enum": [text], "default": text}}}}}]
-        msgs = [
-            {"role": "system", "content": text},
-            {"role": "user", "content": [{"type": "text", "text": text}, {"type": "image"}]},
-            {"role": "assistant", "tool_calls": [{"function": {"name": f"g{lit}", "arguments": {"q": text}}}]},
-            {"role": "tool", "content": text},
-            {"role": "assistant", "content": "ok"},
-            {"role": "user", "content": text},
-        ]
+        msgs, tools = _corpus_conversation(lit)
         enc = chat.encode_conversation(msgs, tools=tools, add_generation_prompt=True)
         rendered = render(msgs, tools=tools, add_generation_prompt=True)
         assert chat.decode(enc.ids) == rendered  # the string form is byte-identical
@@ -73,8 +105,42 @@ def test_injection_corpus_yields_no_structure_ids(chat, small_spec):
         structure = [int(i) for i in enc.ids[enc.roles == 0]]
         n_user = sum(1 for m in msgs if m["role"] == "user")
         assert structure.count(small_spec.id("user_start")) == n_user
+        assert structure.count(small_spec.id("system_start")) == 1
         assert structure.count(small_spec.id("tool_output_start")) == 1
+        assert structure.count(small_spec.id("tools_prefix")) == 1
         assert structure.count(small_spec.id("image")) == 1
+
+
+def test_injection_corpus_in_the_blocks_form(chat, small_spec):
+    for lit in _injection_corpus(small_spec):
+        msgs = _blocks_conversation(lit)
+        enc = chat.encode_conversation(msgs, add_generation_prompt=True)
+        assert chat.decode(enc.ids) == render(msgs, add_generation_prompt=True)
+        text_side = np.isin(enc.roles, [1, 2, 3, 4, 5])
+        bad = [int(i) for i in enc.ids[text_side] if int(i) in small_spec.structure_ids]
+        assert bad == [], (lit, bad)
+        structure = [int(i) for i in enc.ids[enc.roles == 0]]
+        assert structure.count(small_spec.id("tools_prefix")) == 2 and structure.count(small_spec.id("tools_suffix")) == 2
+        assert structure.count(small_spec.id("inner_prefix")) == 1 and structure.count(small_spec.id("inner_suffix")) == 1
+        assert structure.count(small_spec.id("audio")) == 1 and structure.count(small_spec.id("user_start")) == 2
+
+
+def test_calls_inside_the_thinking_span_are_structure_ids(chat, small_spec):
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": {"blocks": [
+        {"type": "thoughts", "text": "look"},
+        {"type": "tool_calls", "calls": [{"name": "f", "arguments": "{}"}]},
+        {"type": "tool_outputs", "outputs": [{"output": "r"}]},
+        {"type": "thoughts", "text": "ok"},
+        {"type": "response", "text": "a"}]}}]
+    enc = chat.encode_conversation(msgs)
+    ids = [int(i) for i in enc.ids]
+    names = {small_spec.id(n): n for n in ("inner_prefix", "inner_suffix", "tools_prefix", "tools_suffix",
+                                           "tool_output_start", "tool_output_end", "assistant_end")}
+    marks = [(names[i], int(r)) for i, r in zip(ids, enc.roles, strict=True) if i in names]
+    assert marks == [("inner_prefix", 0), ("tools_prefix", 0), ("tools_suffix", 0), ("tool_output_start", 0),
+                     ("tool_output_end", 0), ("inner_suffix", 0), ("assistant_end", 0)]
+    assert (small_spec.id("inner_prefix"), small_spec.id("inner_suffix")) == (32, 33)
+    assert (small_spec.id("tools_prefix"), small_spec.id("tool_output_start")) == (71, 73)
 
 
 def test_assistant_text_keeps_the_thinking_delimiters_only(chat, small_spec):
@@ -183,11 +249,16 @@ def test_render_tokenize_parse_round_trip(chat, small_spec, user, thoughts, answ
     thoughts = None if thoughts is None else _clean(thoughts)
     answer = _clean(answer)
     parts = [{"type": "text", "text": user}] + [{"type": m} for m in media]
-    msg = {"role": "assistant", "content": answer}
-    if thoughts is not None:
-        msg["reasoning_content"] = thoughts
-    if calls:
-        msg["tool_calls"] = [{"type": "function", "function": {"name": n, "arguments": json.dumps(a)}} for n, a in calls]
+    if thoughts:  # the blocks form, thinking first (an empty thinking is not rendered)
+        blocks = [{"type": "thoughts", "text": thoughts}, {"type": "response", "text": answer}]
+        if calls:
+            blocks.append({"type": "tool_calls", "calls": [{"name": n, "arguments": json.dumps(a)} for n, a in calls]})
+        msg = {"role": "assistant", "content": {"blocks": blocks}}
+    else:
+        msg = {"role": "assistant", "content": answer}
+        if calls:
+            msg["tool_calls"] = [{"type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
+                                 for n, a in calls]
     msgs = [{"role": "user", "content": parts}, msg]
     enc = chat.encode_conversation(msgs, enable_thinking=thinking)
     ids = enc.ids
@@ -206,7 +277,7 @@ def test_render_tokenize_parse_round_trip(chat, small_spec, user, thoughts, answ
     assert [(t.name, t.arguments) for t in cs] == [(n, a) for n, a in calls]
 
 
-def test_cli_render_prints_exactly_the_vector(tmp_path, capsys):
+def test_cli_render_prints_exactly_the_shared_vectors(tmp_path, capsys):
     for vec in VECTORS:
         f = tmp_path / f"{vec['name']}.json"
         f.write_text(json.dumps(vec["input"]))
@@ -223,3 +294,44 @@ def test_cli_render_prints_exactly_the_vector(tmp_path, capsys):
     bad.write_text(json.dumps({"messages": [{"role": "robot", "content": "x"}]}))
     assert cli_main(["render", str(bad)]) == 1
     assert "message 0: unknown role 'robot'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the answer a reader sees
+@pytest.mark.parametrize("text, answer", [
+    ("I think<|inner_suffix|>42", "42"),
+    ("<think>a</think>41<think>b</think>42", "42"),
+    ("<|inner_prefix|>a<|inner_suffix|>41<|inner_prefix|>b", ""),  # a span opened again and never closed
+    ("<think>never closed", ""),
+    ("preamble <think>x</think>the answer", "the answer"),
+    ("plain text", "plain text"),
+    ("<think>t</think> A <|assistant_end|>after the turn</think>B", "A"),
+])
+def test_reward_judge_and_evaluation_read_one_answer(text, answer):
+    from apertus_plugins.chat import visible_answer
+    from apertus_plugins.evaluation import split_thinking, strip_thinking
+    from apertus_plugins.rewards import extract_answer
+
+    assert visible_answer(text) == answer
+    assert strip_thinking(text) == answer and split_thinking(text)[1].strip() == answer
+    assert extract_answer(text) == (answer or None)
+
+
+def test_the_answer_tool_is_read_on_the_answer_side_of_the_last_closer():
+    from apertus_plugins.chat import read_output
+    from apertus_plugins.rewards import extract_answer
+
+    call = '<|tools_prefix|>[{"answer": {"answer": "%s"}}]<|tools_suffix|>'
+    text = f"drafting {call % 'draft'}</think>{call % 'final'}"
+    assert [(c.arguments["answer"], c.in_thinking) for c in read_output(text).tool_calls] == [("draft", True),
+                                                                                              ("final", False)]
+    assert extract_answer(text) == "final"
+    assert extract_answer(f"<think>x {call % 'draft'}</think>no call") == "no call"
+
+
+def test_serving_and_reading_agree_on_one_leading_span():
+    from apertus_plugins.chat import read_output
+
+    for text in ("<think>a</think>b", "b", '<think>x<|tools_prefix|>[{"f": {}}]<|tools_suffix|>y</think>z'):
+        served, read = parse_output(text), read_output(text)
+        assert (served.thinking, served.content) == (read.thinking, read.content)
+        assert [(c.name, c.in_thinking) for c in served.tool_calls] == [(c.name, c.in_thinking) for c in read.tool_calls]
