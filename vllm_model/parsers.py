@@ -33,9 +33,9 @@ from vllm.tool_parsers import ToolParser
 
 from apertus_plugins.chat import parse_output
 from apertus_plugins.chat.parse import CALL_CLOSE, CALL_OPEN, THINK_CLOSE, THINK_OPEN
-from apertus_plugins.vocab import CHAT_TOKENS
+from apertus_plugins.vocab import CHAT_TOKENS, default_spec
 
-__all__ = ["ApertusReasoningParser", "ApertusToolParser", "render_calls"]
+__all__ = ["ApertusReasoningParser", "ApertusToolParser", "is_apertus_1p5_tokenizer", "render_calls"]
 
 _MARKERS = THINK_OPEN + THINK_CLOSE + (CALL_OPEN, CALL_CLOSE)
 
@@ -63,6 +63,17 @@ def _token_id(tokenizer: Any, name: str) -> int:
     if literal not in vocab:
         raise ValueError(f"the tokenizer has no {literal!r} token; the apertus parsers need the Apertus 1.5 tokenizer")
     return int(vocab[literal])
+
+
+def is_apertus_1p5_tokenizer(tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` has the Apertus 1.5 layout (its image and audio markers), not Apertus 1.0's."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    spec = default_spec()
+    for name in ("img_start", "audio_start"):
+        tid = tokenizer.convert_tokens_to_ids(spec.literal(name))
+        if tid is None or tid == unk:
+            return False
+    return True
 
 
 class ApertusReasoningParser(ReasoningParser):
@@ -180,6 +191,15 @@ class ApertusToolParser(ToolParser):
     """
 
     supports_required_and_named = True
+
+    def __new__(cls, tokenizer: Any, tools: Any = None) -> Any:
+        # `--tool-call-parser apertus` names vLLM's own parser of Apertus 1.0 too: a tokenizer without
+        # the 1.5 omni markers (an Apertus 1.0 checkpoint) keeps vLLM's parser
+        if cls is ApertusToolParser and not is_apertus_1p5_tokenizer(tokenizer):
+            from vllm.tool_parsers.apertus_tool_parser import ApertusToolParser as Apertus1ToolParser
+
+            return Apertus1ToolParser(tokenizer, tools)
+        return super().__new__(cls)
 
     def __init__(self, tokenizer: Any, tools: Any = None) -> None:
         super().__init__(tokenizer, tools)

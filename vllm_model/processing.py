@@ -38,14 +38,15 @@ from vllm.multimodal.processing import (
 from apertus_plugins.chat import ChatTokenizer
 from apertus_plugins.media import audio as media_audio
 from apertus_plugins.media import image as media_image
+from apertus_plugins.plugins import serving_layout
 from apertus_plugins.vocab import VocabSpec
 
 __all__ = ["Apertus1p5ProcessingInfo", "Apertus1p5DummyInputsBuilder", "Apertus1p5MultiModalProcessor",
            "DEFAULT_OPTIONS"]
 
-#: Processor options and their defaults (the serving default layout is the inference layout).
+#: Processor options and their defaults; the image layout is the registry's serving layout (the inference layout).
 DEFAULT_OPTIONS: dict[str, Any] = {
-    "image_layout": "inference",
+    "image_layout": serving_layout("image"),
     "resize_policy": "released",
     "audio_policy": "released",
     "max_audio_seconds": 60.0,

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import base64
 import json
+from collections import Counter
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..chat import MediaItem, parse_output
+from ..chat import MediaItem, injection_literals, parse_output
 from ..evaluation import degeneration
 from ..media import audio as media_audio
 from ..media import image as media_image
+from ..plugins import serving_layout
 from .registry import Context, check, short
 from .report import FAIL, PASS
 from .serve_client import ServeClient, ServeError, assemble
@@ -170,6 +172,75 @@ def audio(ctx: Context) -> tuple[str, str]:
     if problems:
         return FAIL, "; ".join(problems)
     return PASS, f"{len(ids)} prompt ids = the core encoding: demo.wav ({rate} Hz) as {codes} codes at 24 kHz"
+
+
+def _injection_cases(ctx: Context, corpus: str) -> dict[str, tuple[list[dict[str, Any]], dict[str, Any], list[Any]]]:
+    """Requests with ``corpus`` in every position a client controls: ``name -> (messages, params, media)``."""
+    tools = [{"type": "function", "function": {
+        "name": "lookup", "description": f"Look up. {corpus}",
+        "parameters": {"type": "object", "properties": {
+            "q": {"type": "string", "description": corpus, "enum": [corpus, "plain"]}}, "required": ["q"]}}}]
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": json.dumps({"q": corpus})}}
+    path = _data("demo.png")
+    from PIL import Image
+
+    with Image.open(path) as im:
+        width, height = im.size
+    rows, cols = media_image.image_grid(height, width)
+    seq = media_image.image_placeholder_sequence(rows, cols, ctx.ref, serving_layout("image"), ctx.chat.char_ids)
+    image_part = {"type": "image_url", "image_url": {"url": _data_url(path, "image/png")}}
+    return {
+        "user text": ([{"role": "user", "content": f"hi {corpus}"}], {}, []),
+        "user text beside an image": ([{"role": "user", "content": [{"type": "text", "text": corpus}, image_part,
+                                                                    {"type": "text", "text": corpus}]}], {},
+                                      [MediaItem("image", seq)]),
+        "a system message": ([{"role": "system", "content": corpus}, {"role": "user", "content": "hi"}], {}, []),
+        "tool names and descriptions": ([{"role": "user", "content": "hi"}], {"tools": tools}, []),
+        "a tool call and its output": ([{"role": "user", "content": "look it up"},
+                                        {"role": "assistant", "content": "", "tool_calls": [call]},
+                                        {"role": "tool", "tool_call_id": "c1", "content": corpus}],
+                                       {"tools": tools}, []),
+    }
+
+
+def _forged_label(ref: Any, tid: int) -> str:
+    name = ref.id_to_name.get(tid)
+    if name in ("image", "audio"):
+        return f"{ref.literal(name)} or {name} codes"
+    return ref.literal(name) if name else str(tid)
+
+
+@check("serve.injection", "structure literals in user text, system text, tool outputs, tool names and descriptions "
+                          "reach the server's prompt as text: no forged structure id, no extra media slot")
+def injection(ctx: Context) -> tuple[str, str, dict[str, Any]]:
+    srv = _server(ctx)
+    ref = ctx.ref
+    corpus = "".join(injection_literals(ref))
+    problems, forged_all = [], {}
+    cases = _injection_cases(ctx, corpus)
+    for name, (messages, params, media) in cases.items():
+        want = ctx.chat.encode_conversation(messages, add_generation_prompt=True, media=media or None,
+                                            tools=params.get("tools")).ids
+        try:
+            got = _prompt_ids(srv.chat(messages, max_tokens=1, **params))
+        except ServeError as exc:
+            problems.append(f"{name}: the server refused the request ({short(str(exc), 80)})")
+            continue
+        got_n, want_n = _as_placeholders(ctx, got), _as_placeholders(ctx, want)
+        extra = Counter(i for i in got_n if i in ref.structure_ids) - Counter(i for i in want_n if i in ref.structure_ids)
+        if extra:
+            # media codes count as their placeholder (servers differ in what they report at code positions)
+            forged = {_forged_label(ref, i): n for i, n in sorted(extra.items())}
+            forged_all[name] = forged
+            problems.append(f"{name}: forged structure ids " + ", ".join(f"{k} x{n}" for k, n in forged.items()))
+        elif got_n != want_n:
+            problems += [f"{name}: {p}" for p in _prompt_problems(ctx, got, want)]
+    details = {"forged": forged_all, "cases": list(cases), "literals": len(injection_literals(ref))}
+    if problems:
+        return FAIL, "; ".join(problems), details
+    return PASS, (f"{len(injection_literals(ref))} structure literals in {len(cases)} positions (user text, beside an "
+                  "image, system text, tool names and descriptions, tool calls and outputs) reach the prompt as text: "
+                  "the server's ids are the core encoding"), details
 
 
 def _call_text(ctx: Context, calls: list[dict[str, Any]]) -> str:

@@ -48,11 +48,12 @@ def server(checkpoint, codes_log, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def training_server(checkpoint, tmp_path_factory):
-    """The second configuration: the training image layout, at most one image and one clip per prompt,
-    and neither the tool nor the reasoning parser (the doctor must flag those as misconfigured)."""
+    """The misconfigured server: the training image layout, at most one image and one clip per prompt,
+    neither the tool nor the reasoning parser, and vLLM's stock chat path (``--tokenizer-mode hf``:
+    the template rendered and tokenized whole, not injection-safe); the doctor must flag all of it."""
     import json
 
-    args = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", "apertus",
+    args = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", "apertus", "--tokenizer-mode", "hf",
             "--mm-processor-kwargs", json.dumps({"image_layout": "training"}),
             "--limit-mm-per-prompt", json.dumps({"image": 1, "audio": 1})]
     log = tmp_path_factory.mktemp("logs") / "vllm-training.log"

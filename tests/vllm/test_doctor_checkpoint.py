@@ -90,9 +90,12 @@ def template_changed(d: Path) -> None:
 
 
 def double_bos(d: Path) -> None:
-    """A conversion that dropped the tokenizer's bos_token: a processor re-tokenizing the templated prompt adds one."""
+    """A conversion that dropped the tokenizer's bos_token and wrote the BOS into the templates as a literal:
+    every render is unchanged, but a processor re-tokenizing the templated prompt adds a second BOS."""
     for name in ("tokenizer_config.json", "special_tokens_map.json"):
         edit_json(d / name, lambda c: c.pop("bos_token"))
+    for name in ("chat_template.jinja", "additional_chat_templates/training.jinja"):
+        edit_text(d / name, "{{- bos_token -}}", "<s>")
 
 
 def training_with_default_system(d: Path) -> None:

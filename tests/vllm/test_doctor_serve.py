@@ -73,13 +73,18 @@ def test_the_default_probe_reports_the_metric_of_the_servers_generations(server,
     assert result.status == (FAIL if any(p["degenerate"] for p in probes) else PASS)
 
 
-def test_a_misconfigured_server_fails_tool_calls_and_thinking_and_warns_about_the_layout(training_server, checkpoint):
+def test_a_misconfigured_server_fails_tool_calls_thinking_and_injection_and_warns_about_the_layout(
+        training_server, checkpoint):
     report = run_doctor(checkpoint, serve=url(training_server), probe_prompts=forced(VARIED), probe_tokens=200)
-    assert report.ids(FAIL) == {"serve.tool_call", "serve.thinking"}, report.table()
+    assert report.ids(FAIL) == {"serve.tool_call", "serve.thinking", "serve.injection"}, report.table()
     assert report.ids(WARN) == {"layout.image"}, report.table()
     by = report.by_id()
     assert "HTTP 400" in by["serve.tool_call"].evidence  # tools need the tool parser
     assert "reasoning ''" in by["serve.thinking"].evidence
+    # vLLM's stock chat path (--tokenizer-mode hf): user text forges structure ids, named in the evidence
+    assert "user text: forged structure ids" in by["serve.injection"].evidence
+    forged = by["serve.injection"].details["forged"]["user text"]
+    assert forged["<|system_start|>"] >= 1 and forged["<|assistant_end|>"] >= 1, forged
     assert by["serve.image"].status == PASS and by["serve.image"].details["layout"] == "training"
     assert "uses the training layout" in by["layout.image"].evidence
 

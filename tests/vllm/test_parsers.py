@@ -124,3 +124,40 @@ def test_registration_replaces_the_builtin_apertus_tool_parser_and_is_idempotent
     vllm_model.register()
     assert ToolParserManager.get_tool_parser("apertus").__module__ == "vllm_model.parsers"
     assert ReasoningParserManager.get_reasoning_parser("apertus").__module__ == "vllm_model.parsers"
+
+
+# ---------------------------------------------------------------- Apertus 1.0 checkpoints
+@pytest.fixture(scope="module")
+def tok_1p0(tmp_path_factory):
+    """A tokenizer of the Apertus 1.0 shape: the chat tokens, no image or audio markers."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>", "<pad>", "<|user_start|>", "<|user_end|>", "<|assistant_start|>",
+                "<|assistant_end|>", "<|tools_prefix|>", "<|tools_suffix|>", "<|inner_prefix|>", "<|inner_suffix|>"]
+    chars = sorted(set('abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 {}[]":,.'))
+    vocab = {t: i for i, t in enumerate(specials + chars)}
+    inner = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    inner.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok = PreTrainedTokenizerFast(tokenizer_object=inner, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                  pad_token="<pad>", additional_special_tokens=specials[4:])
+    return tok
+
+
+def test_an_apertus_1p0_tokenizer_keeps_vllms_own_apertus_tool_parser(tok, tok_1p0):
+    from vllm.tool_parsers.apertus_tool_parser import ApertusToolParser as VLLMApertus
+
+    from vllm_model.parsers import ApertusToolParser, is_apertus_1p5_tokenizer
+
+    assert is_apertus_1p5_tokenizer(tok) and not is_apertus_1p5_tokenizer(tok_1p0)
+    ours, theirs = ApertusToolParser(tok), ApertusToolParser(tok_1p0)
+    assert type(ours) is ApertusToolParser and type(theirs) is VLLMApertus
+    # on the 1.0 output format the chosen parser is vLLM's, answer for answer
+    req = request()
+    for text in ('Sure. <|tools_prefix|>[{"get_weather": {"city": "Bern"}}]<|tools_suffix|>',
+                 '<|tools_prefix|>[{"get_weather": {"city": "Bern"}}, {"get_time": {}}]<|tools_suffix|>',
+                 "No call at all."):
+        got, want = theirs.extract_tool_calls(text, req), VLLMApertus(tok_1p0).extract_tool_calls(text, req)
+        assert got.tools_called == want.tools_called and got.content == want.content
+        assert [(c.function.name, c.function.arguments) for c in got.tool_calls] == [
+            (c.function.name, c.function.arguments) for c in want.tool_calls]

@@ -113,6 +113,41 @@ def test_generation_config_gets_the_missing_stops(tmp_path, monkeypatch):
                 (tmp_path / "x").read_text())
 
     mc = FakeModelConfig()
-    generation.Apertus1p5GenerationDefaults.verify_and_update_model_config(mc)
+    generation.complete_stops(mc)
     written = json.loads((__import__("pathlib").Path(mc.generation_config) / "generation_config.json").read_text())
     assert written["eos_token_id"] == [2, 68, 72]
+
+
+def test_the_chat_renderer_is_registered_and_selected_for_apertus_1p5():
+    """The extension points the injection-safe renderer uses, as this vLLM has them (0.32 to 0.34 alike)."""
+    import inspect
+
+    from vllm.renderers.chat_utils import parse_chat_messages, parse_chat_messages_async
+    from vllm.renderers.hf import HfRenderer, resolve_chat_template
+    from vllm.renderers.registry import RENDERER_REGISTRY
+    from vllm.tokenizers.registry import TokenizerRegistry
+
+    from vllm_model import config_hook, renderer
+
+    vllm_model.register()
+    assert RENDERER_REGISTRY.load_renderer_cls(vllm_model.RENDERER_MODE) is renderer.Apertus1p5Renderer
+    assert TokenizerRegistry.load_tokenizer_cls(vllm_model.RENDERER_MODE).__name__ == "CachedHfTokenizer"
+    assert issubclass(renderer.Apertus1p5Renderer, HfRenderer)
+    for fn, params in ((HfRenderer.render_messages, ["self", "messages", "params"]),
+                       (HfRenderer.render_messages_async, ["self", "messages", "params"]),
+                       (parse_chat_messages, ["messages", "model_config", "content_format", "media_io_kwargs",
+                                              "mm_processor_kwargs"]),
+                       (parse_chat_messages_async, ["messages", "model_config", "content_format", "media_io_kwargs",
+                                                    "mm_processor_kwargs"]),
+                       (resolve_chat_template, ["tokenizer", "chat_template", "tools", "model_config"])):
+        assert list(inspect.signature(fn).parameters) == params, fn
+
+    class ModelConfig:  # what the hook reads and writes
+        tokenizer_mode = "auto"
+        generation_config = "vllm"
+
+    auto, explicit = ModelConfig(), ModelConfig()
+    explicit.tokenizer_mode = "hf"
+    config_hook.Apertus1p5ConfigHook.verify_and_update_model_config(auto)
+    config_hook.Apertus1p5ConfigHook.verify_and_update_model_config(explicit)
+    assert auto.tokenizer_mode == "apertus" and explicit.tokenizer_mode == "hf"

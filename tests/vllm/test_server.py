@@ -11,15 +11,14 @@ import concurrent.futures as cf
 import http.server
 import json
 import threading
-import urllib.request
 
 import pytest
 from conftest import DATA
 
 from apertus_plugins.chat import ChatTokenizer, MediaItem
+from apertus_plugins.client import Client, http_json
 from apertus_plugins.media import audio as media_audio
 from apertus_plugins.media import image as media_image
-from apertus_plugins.serve import http_json
 
 pytestmark = pytest.mark.slow
 
@@ -178,16 +177,9 @@ def test_tool_calls_from_the_server(server, text, calls, streaming):
 
 
 def stream(server, messages, **kw):
-    payload = {"model": "apertus", "messages": messages, "temperature": 0, "stream": True, **kw}
-    req = urllib.request.Request(server.url("/v1/chat/completions"), data=json.dumps(payload).encode(),
-                                 headers={"Content-Type": "application/json"})
-    chunks = []
-    with urllib.request.urlopen(req, timeout=600) as resp:
-        for raw in resp:
-            line = raw.decode().strip()
-            if line.startswith("data: ") and line != "data: [DONE]":
-                chunks.append(json.loads(line[6:]))
-    return chunks
+    payload = {"model": "apertus", "messages": messages, "temperature": 0, **kw}
+    with Client(server.base_url, timeout=600) as client:
+        return list(client.stream("/chat/completions", payload))
 
 
 def test_streaming_matches_the_whole_answer(server):

@@ -1,0 +1,81 @@
+"""Rollout prompts through the core's injection-safe chat encoding: verl's agent loop with an Apertus token builder.
+
+verl 0.9 turns a rollout's chat messages into prompt ids in the agent loop, through a "Continuous
+Token" builder (``verl.utils.tokenizer.continuous_token.ContinuousTokenBuilder``): by default
+``tokenizer.apply_chat_template(..., tokenize=True)``, which renders the checkpoint's template and
+tokenizes the text whole, so a user message containing ``<|system_start|>`` or ``<|image|>`` comes out
+as those special ids. The builder is verl's documented extension point for a model family's chat
+format (subclass it, override the rendering hook); verl picks its built-in builders by ``model_type``
+from a closed table, so the Apertus agent loop installs its own:
+
+* :class:`ApertusContinuousTokenBuilder` renders every prompt (and every appended turn of a multi-turn
+  rollout) with :meth:`apertus_plugins.chat.ChatTokenizer.encode_conversation`: the ids are the
+  core's, byte for byte, whatever the text holds;
+* :class:`ApertusSingleTurnAgentLoop` is verl's single-turn agent loop with that builder, registered
+  as ``apertus_single_turn`` (the packaged rollout configs select it with
+  ``actor_rollout_ref.rollout.agent.default_agent_loop``).
+
+``data.apply_chat_template_kwargs`` passes ``enable_thinking`` (and ``variant``) through, as for
+verl's own builder; any other key is an error naming it.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from verl.experimental.agent_loop.agent_loop import register
+from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
+from verl.utils.tokenizer.continuous_token import ContinuousTokenBuilder
+
+from apertus_plugins.chat import ChatTokenizer
+
+__all__ = ["ApertusContinuousTokenBuilder", "ApertusSingleTurnAgentLoop", "chat_tokenizer_for"]
+
+#: chat template kwargs the core encoding takes
+TEMPLATE_KWARGS = ("enable_thinking", "variant")
+
+
+@lru_cache(maxsize=8)
+def chat_tokenizer_for(path: str) -> ChatTokenizer:
+    """The core's chat tokenizer of a tokenizer directory (one per directory and process)."""
+    if not (Path(path) / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"the Apertus agent loop needs a tokenizer directory with tokenizer.json; "
+                                f"{path!r} has none (set actor_rollout_ref.model.tokenizer_path)")
+    return ChatTokenizer(path)
+
+
+class ApertusContinuousTokenBuilder(ContinuousTokenBuilder):
+    """verl's Continuous Token builder whose rendering is the core's injection-safe chat encoding."""
+
+    def __init__(self, tokenizer: Any, chat_tokenizer: ChatTokenizer, *,
+                 chat_template_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        kwargs_in = dict(chat_template_kwargs or {})
+        unknown = sorted(set(kwargs_in) - set(TEMPLATE_KWARGS))
+        if unknown:
+            raise ValueError(f"data.apply_chat_template_kwargs has {unknown}; the Apertus chat encoding takes "
+                             f"{list(TEMPLATE_KWARGS)}")
+        super().__init__(tokenizer, chat_template_kwargs=kwargs_in, **kwargs)
+        self.chat_tokenizer = chat_tokenizer
+
+    def _render_tokens(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
+                       tools: list[dict[str, Any]] | None = None) -> list[int]:
+        enc = self.chat_tokenizer.encode_conversation(
+            [dict(m) for m in messages], tools=list(tools) if tools else None,
+            add_generation_prompt=add_generation_prompt,
+            enable_thinking=bool(self.chat_template_kwargs.get("enable_thinking", False)),
+            variant=str(self.chat_template_kwargs.get("variant", "inference")))
+        return [int(i) for i in enc.ids]
+
+
+@register("apertus_single_turn")
+class ApertusSingleTurnAgentLoop(SingleTurnAgentLoop):
+    """verl's single-turn agent loop; the prompt ids come from :class:`ApertusContinuousTokenBuilder`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        model = self.config.actor_rollout_ref.model
+        path = getattr(self.tokenizer, "name_or_path", None) or model.get("tokenizer_path") or model.path
+        self.continuous_token_builder = ApertusContinuousTokenBuilder(
+            self.tokenizer, chat_tokenizer_for(str(path)), chat_template_kwargs=self.apply_chat_template_kwargs)

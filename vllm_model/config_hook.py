@@ -1,0 +1,47 @@
+"""vLLM's per-architecture config hook (``MODELS_CONFIG_MAP``) for ``Apertus1p5ForConditionalGeneration``.
+
+vLLM calls it once its model config is built, in every process. It
+
+- selects the injection-safe chat renderer (tokenizer mode ``apertus``, :mod:`vllm_model.renderer`)
+  when ``--tokenizer-mode`` is ``auto``, as vLLM itself does for the models whose chat encoding it
+  ships (``deepseek_v32``, ``kimi_k3``); an explicit mode is kept;
+- makes generation stop at ``<|assistant_end|>`` and after a complete tool call even when the
+  checkpoint's generation config lacks those stops (:mod:`vllm_model.generation`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from . import RENDERER_MODE as MODE
+from .generation import complete_stops
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Apertus1p5ConfigHook", "select_renderer"]
+
+
+def select_renderer(model_config: Any) -> None:
+    """Tokenizer mode ``apertus`` for an ``auto`` mode; an explicit mode stays (``hf``: vLLM's stock path)."""
+    if model_config.tokenizer_mode == "auto":
+        model_config.tokenizer_mode = MODE
+        logger.info("apertus: chat requests rendered by the core (tokenizer mode %r, injection-safe)", MODE)
+    elif model_config.tokenizer_mode != MODE:
+        logger.warning("apertus: tokenizer mode %r renders chat requests with vLLM's stock path, where user text "
+                       "can forge structure tokens; leave --tokenizer-mode at auto (or set %r) for the core's "
+                       "injection-safe encoding", model_config.tokenizer_mode, MODE)
+
+
+class Apertus1p5ConfigHook:
+    """The hook vLLM looks up by architecture in ``MODELS_CONFIG_MAP``."""
+
+    @staticmethod
+    def verify_and_update_model_config(model_config: Any) -> None:
+        select_renderer(model_config)
+        complete_stops(model_config)
+
+    @staticmethod
+    def verify_and_update_config(vllm_config: Any) -> None:
+        if vllm_config.model_config is not None:
+            Apertus1p5ConfigHook.verify_and_update_model_config(vllm_config.model_config)
