@@ -9,6 +9,7 @@
 * :mod:`megatron_patches.training`: the batch, the forward step and the loss function.
 * :mod:`megatron_patches.optimizer`: AdEMAMix inside megatron-core's optimizer wrappers.
 * :mod:`megatron_patches.checkpoint`: Megatron's distributed checkpoints for ``apertus convert``.
+* :mod:`megatron_patches.recipes`: the SPEC.md section 6 stages as flags (``--apertus-recipe NAME``).
 
 Importing this package imports no Megatron code; each submodule checks the installed
 megatron-core version (:mod:`megatron_patches.version`) before it imports any.

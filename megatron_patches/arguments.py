@@ -17,12 +17,12 @@ from typing import Any
 
 from apertus_plugins.goldfish import VARIANTS
 from apertus_plugins.targets import Schedule, TargetConfig
-from apertus_plugins.vocab import VocabSpec
+from apertus_plugins.vocab import VocabSpec, default_spec
 
 from .errors import ApertusArgumentError
 
 __all__ = ["GROUP_TITLE", "add_apertus_args", "chain_extra_args", "ApertusOptions", "options_from_args",
-           "parse_modality_weight"]
+           "parse_modality_weight", "describe_options"]
 
 GROUP_TITLE = "apertus"
 
@@ -35,6 +35,10 @@ def add_apertus_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
         return parser  # added already (the provider may be chained twice)
     g = parser.add_argument_group(GROUP_TITLE, "Apertus 1.5 (apertus-plugins): vocabulary, loss targets, "
                                   "SFT data, optimizer")
+    g.add_argument("--apertus-recipe", default=None, metavar="NAME",
+                   help="a training stage's flags (SPEC.md 6: cpt-8b, cpt-70b, long-context-8b-32k ..., sft-8b, sft-70b, "
+                   "goldfish) or a flag file, put before the command line's by apertus-megatron; an explicit flag "
+                   "replaces the recipe's (`apertus-megatron --recipes` lists them)")
     g.add_argument("--apertus-tokenizer", default=None, metavar="DIR",
                    help="tokenizer directory whose id layout (VocabSpec) the loss targets use; default: "
                    "--tokenizer-model when it is a directory with tokenizer.json, else the released layout")
@@ -71,13 +75,18 @@ def add_apertus_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                    help="the stored mask of PREFIX is the indexed dataset PREFIX+SUFFIX (one uint8 per token)")
     g.add_argument("--apertus-sft-oversize", default="error", choices=("error", "split"),
                    help="a conversation longer than --seq-length + 1: error (default) or split into pieces")
+    g.add_argument("--apertus-bfd-data", nargs="+", default=[], metavar="PREFIX",
+                   help="pretraining prefixes (as given to --data-path) whose documents are packed best-fit-decreasing "
+                   "into samples with cross-document masking, as long-context stages pack (SPEC.md 4.1), instead of "
+                   "being concatenated and cut; a document longer than a sample is split into pieces")
     g.add_argument("--apertus-packed-sequences", action="store_true",
                    help="deliver cu_seqlens for packed-sequence (THD) attention instead of relying on the "
                    "attention mask for cross-document masking (needs Transformer Engine, micro batch 1)")
     g.add_argument("--apertus-manifest", default=None, metavar="FILE",
                    help="the stage's dataset manifest: every prefix of the blend must be listed and unchanged")
-    g.add_argument("--apertus-no-manifest-checksums", action="store_true",
-                   help="verify the manifest by sizes and counts only (skip the sha256)")
+    g.add_argument("--apertus-manifest-checksums", action="store_true",
+                   help="also recompute the sha256 of every file at launch (default: sizes and counts only, which "
+                   "scale to TB blends; `apertus manifest verify` does the full check offline)")
     # model and optimizer (SPEC.md 5, 6)
     g.add_argument("--apertus-optimizer", default="megatron", choices=("megatron", "ademamix"),
                    help="ademamix: AdEMAMix in place of Adam (needs --optimizer adam; --adam-beta1/2, --adam-eps, "
@@ -93,6 +102,9 @@ def add_apertus_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                    "recipe); megatron: upstream's rule (no decay on biases and 1-D parameters)")
     g.add_argument("--apertus-allow-rope-change", action="store_true",
                    help="allow RoPE settings that differ from the loaded checkpoint's (context extension)")
+    g.add_argument("--apertus-empty-steps", default="skip", choices=("skip", "error"),
+                   help="a step whose global batch holds no loss target: skip its optimizer step, say so in the log "
+                   "and count it (default), or stop the run")
     return parser
 
 
@@ -145,6 +157,8 @@ class ApertusOptions:
     ademamix: dict[str, Any] = field(default_factory=dict)
     weight_decay_on: str = "all"
     allow_rope_change: bool = False
+    empty_steps: str = "skip"
+    bfd_prefixes: tuple[str, ...] = ()
 
 
 def _spec_from_args(args: argparse.Namespace) -> VocabSpec:
@@ -154,7 +168,7 @@ def _spec_from_args(args: argparse.Namespace) -> VocabSpec:
         if model and (Path(model) / "tokenizer.json").is_file():
             path = model
     if path is None:
-        return VocabSpec()
+        return default_spec()
     if not (Path(path) / "tokenizer.json").is_file():
         raise ValueError(f"--apertus-tokenizer {path}: no tokenizer.json there")
     return VocabSpec.from_tokenizer_dir(path)
@@ -171,6 +185,9 @@ def options_from_args(args: argparse.Namespace) -> ApertusOptions:
 
 
 def _options_from_args(args: argparse.Namespace) -> ApertusOptions:
+    if getattr(args, "apertus_recipe", None):
+        raise ValueError(f"--apertus-recipe {args.apertus_recipe}: recipes are expanded by the apertus-megatron launcher; "
+                         "run the script through it (apertus-megatron SCRIPT ...)")
     spec = _spec_from_args(args)
     preset = TargetConfig.preset(args.apertus_targets, spec)
     weights = dict(preset.modality_weights)
@@ -200,6 +217,11 @@ def _options_from_args(args: argparse.Namespace) -> ApertusOptions:
             raise ValueError(f"--apertus-goldfish-h must be >= 1, got {args.apertus_goldfish_h}")
         goldfish = {"k": args.apertus_goldfish_k, "h": args.apertus_goldfish_h,
                     "variant": args.apertus_goldfish_variant}
+    both = sorted(set(map(os.path.normpath, args.apertus_sft_data)) & set(
+        map(os.path.normpath, getattr(args, "apertus_bfd_data", []))))
+    if both:
+        raise ValueError(f"--apertus-bfd-data and --apertus-sft-data both name {', '.join(both)}: a prefix holds either "
+                         "pretraining documents or conversations")
     if args.apertus_embedding_rows is not None:
         spec.check_embedding(args.apertus_embedding_rows, "embedding (--apertus-embedding-rows)")
     return ApertusOptions(
@@ -213,7 +235,7 @@ def _options_from_args(args: argparse.Namespace) -> ApertusOptions:
         sft_oversize=args.apertus_sft_oversize,
         packed_sequences=bool(args.apertus_packed_sequences),
         manifest=args.apertus_manifest,
-        manifest_checksums=not args.apertus_no_manifest_checksums,
+        manifest_checksums=bool(getattr(args, "apertus_manifest_checksums", False)),
         embedding_rows=args.apertus_embedding_rows,
         optimizer=args.apertus_optimizer,
         ademamix={"beta3": args.apertus_ademamix_beta3, "alpha": args.apertus_ademamix_alpha,
@@ -221,4 +243,24 @@ def _options_from_args(args: argparse.Namespace) -> ApertusOptions:
                   "beta3_warmup": args.apertus_ademamix_beta3_warmup or None},
         weight_decay_on=args.apertus_weight_decay_on,
         allow_rope_change=bool(args.apertus_allow_rope_change),
+        empty_steps=getattr(args, "apertus_empty_steps", "skip"),
+        bfd_prefixes=tuple(os.path.normpath(p) for p in getattr(args, "apertus_bfd_data", [])),
     )
+
+
+def describe_options(options: ApertusOptions) -> str:
+    """One line saying what the plugin does in this run (printed by the launcher at start)."""
+    weights = {k: (str(v) if not isinstance(v, (int, float)) else f"{v:g}")
+               for k, v in options.targets.modality_weights.items()}
+    parts = [f"vocabulary {options.spec.size} ids", f"modality weights {weights or 'all 1'}",
+             "end-of-document rule " + ("on" if options.targets.end_of_document else "off"),
+             "Goldfish " + (f"k={options.goldfish['k']} h={options.goldfish['h']} {options.goldfish['variant']}"
+                            if options.goldfish else "off"),
+             "optimizer " + ("AdEMAMix " + ", ".join(f"{k}={v}" for k, v in options.ademamix.items())
+                             if options.optimizer == "ademamix" else "Megatron's"),
+             f"weight decay on {options.weight_decay_on}", f"steps without targets: {options.empty_steps}"]
+    if options.sft_prefixes:
+        parts.append(f"SFT prefixes {list(options.sft_prefixes)} (mask {options.sft_mask})")
+    if options.bfd_prefixes:
+        parts.append(f"best-fit-decreasing pretraining prefixes {list(options.bfd_prefixes)}")
+    return "apertus: " + "; ".join(parts)

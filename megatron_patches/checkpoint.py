@@ -38,6 +38,7 @@ from megatron.core import dist_checkpointing, parallel_state  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
 from apertus_plugins.convert import ConversionError, ConvertedWeights, ModelShape, replace_dir  # noqa: E402
+from apertus_plugins.release import ROPE_TYPE  # noqa: E402
 
 from .spec import apertus_layer_spec, build_gpt_model, local_to_checkpoint_name  # noqa: E402
 
@@ -101,7 +102,7 @@ def build_cpu_model(shape: ModelShape, dtype: torch.dtype = torch.float32) -> An
     return build_gpt_model(
         transformer_config(shape, dtype), vocab_size=shape.embedding_rows,
         max_sequence_length=shape.max_position_embeddings, rotary_base=int(shape.rope.theta),
-        rope_scaling=shape.rope.rope_type == "llama3", rope_scaling_factor=shape.rope.factor)
+        rope_scaling=shape.rope.rope_type == ROPE_TYPE, rope_scaling_factor=shape.rope.factor)
 
 
 def checkpoint_args(shape: ModelShape, dtype: torch.dtype) -> argparse.Namespace:

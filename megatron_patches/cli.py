@@ -18,6 +18,8 @@ import argparse
 import json
 from pathlib import Path
 
+from apertus_plugins.release import ROPE_TYPE
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -40,6 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="to-hf: rows of the released LM head (default: the reference config's output_vocab_size)")
     p.add_argument("--seed", type=int, default=1234, help="seed of new embedding/head rows (default 1234)")
     p.add_argument("--max-shard-gb", type=float, default=5.0, help="to-hf: safetensors shard size (default 5)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
 
@@ -48,7 +51,9 @@ def _reference(path: Path) -> tuple[dict, dict, dict]:
     from safetensors.torch import load_file
 
     from apertus_plugins.convert import PASSTHROUGH_PREFIXES, ConversionError, read_hf_checkpoint
+    from apertus_plugins.hub import local_path
 
+    path = local_path(path, weights=True, what="--reference")  # a directory, or a Hub id ORG/NAME[@REVISION]
     side_dir = path / "apertus"
     if (side_dir / "config.json").is_file():
         files = {f.name: f.read_bytes() for f in sorted((side_dir / "files").glob("*")) if f.is_file()}
@@ -80,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConversionError(f"apertus convert needs torch and megatron-core ({exc})") from exc
     src, out = Path(args.source), Path(args.out)
     if args.direction == "to-megatron":
-        tensors, config, side = read_hf_checkpoint(src)
+        tensors, config, side = read_hf_checkpoint(src, progress=not args.no_progress)
         shape = ModelShape.from_hf_config(config)
         converted = hf_to_megatron(tensors, shape, embedding_rows=args.extend_vocab, seed=args.seed)
         save_megatron(converted, out, hf_config=config, side_files=side)
@@ -97,8 +102,8 @@ def run(args: argparse.Namespace) -> int:
     shape = ModelShape.from_megatron_args(margs, head_rows=head)
     hf = megatron_to_hf(tensors, shape, passthrough)
     write_hf_checkpoint(out, hf, hf_config_from_shape(shape, config), side,
-                        max_shard_bytes=int(args.max_shard_gb * (1 << 30)))
+                        max_shard_bytes=int(args.max_shard_gb * (1 << 30)), progress=not args.no_progress)
     rope = shape.rope
     print(f"wrote {out}: {shape.num_layers} layers, head {shape.head_rows} rows, RoPE {rope.rope_type} "
-          f"theta {rope.theta:g}" + (f" factor {rope.factor:g}" if rope.rope_type == "llama3" else ""))
+          f"theta {rope.theta:g}" + (f" factor {rope.factor:g}" if rope.rope_type == ROPE_TYPE else ""))
     return 0

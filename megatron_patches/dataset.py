@@ -9,7 +9,10 @@
 * SFT (prefixes named by ``--apertus-sft-data``): one tokenized conversation per sequence, packed
   best-fit-decreasing (:func:`apertus_plugins.packing.best_fit_decreasing`) into samples of
   ``seq_length + 1`` tokens with cross-document masking, the loss mask derived on the fly from the
-  ids (:func:`apertus_plugins.targets.sft_mask`) or read from a stored mask stream.
+  ids (:func:`apertus_plugins.targets.sft_mask`) or read from a stored mask stream;
+* packed pretraining (prefixes named by ``--apertus-bfd-data``, the long-context stages): whole
+  documents packed best-fit-decreasing the same way (a document longer than a sample is split
+  into pieces), each with the pretraining targets of the core.
 
 Every sample has the same keys, so blends of both kinds batch together: ``tokens``, ``labels``,
 ``loss_mask`` (float32, 1 where the label is a target: the step-independent part of the loss
@@ -22,6 +25,7 @@ when the config creates attention masks; ``cu_seqlens`` and ``max_seqlen`` with
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, replace
 from typing import Any
@@ -46,6 +50,8 @@ from .errors import SftPackingError  # noqa: E402
 
 __all__ = ["ApertusDatasetConfig", "ApertusDataset", "SftPackingError", "attention_mask_from_documents"]
 
+_LOG = logging.getLogger(__name__)
+
 
 @dataclass
 class ApertusDatasetConfig(GPTDatasetConfig):
@@ -67,6 +73,10 @@ class ApertusDatasetConfig(GPTDatasetConfig):
     def is_sft(self, dataset_path: str | None) -> bool:
         """Whether ``dataset_path`` is one of the ``--apertus-sft-data`` prefixes."""
         return dataset_path is not None and os.path.normpath(dataset_path) in self.apertus.sft_prefixes
+
+    def is_bfd(self, dataset_path: str | None) -> bool:
+        """Whether ``dataset_path`` is one of the ``--apertus-bfd-data`` (packed pretraining) prefixes."""
+        return dataset_path is not None and os.path.normpath(dataset_path) in self.apertus.bfd_prefixes
 
 
 def attention_mask_from_documents(document_ids: np.ndarray) -> torch.Tensor:
@@ -94,17 +104,19 @@ class ApertusDataset(GPTDataset):
         config: ApertusDatasetConfig,
     ) -> None:
         self.is_sft = config.is_sft(dataset_path)
+        self.is_bfd = config.is_bfd(dataset_path)
+        self.is_packed = self.is_sft or self.is_bfd
         opts = config.apertus
         self.spec = opts.spec
         # the step-independent part of the targets; the modality weights are applied in the loss
         self.keep_config: TargetConfig = replace(opts.targets, modality_weights={})
-        if not self.is_sft:
+        if not self.is_packed:
             super().__init__(indexed_dataset, dataset_path, indexed_indices, num_samples, index_split, config)
             return
         MegatronDataset.__init__(self, indexed_dataset, dataset_path, indexed_indices, num_samples, index_split,
                                  config)
         self._stored_mask = None
-        if opts.sft_mask == "stored":
+        if self.is_sft and opts.sft_mask == "stored":
             self._stored_mask = _open_mask_stream(dataset_path, opts.sft_mask_suffix, indexed_dataset, config)
         self._build_sft_index()
 
@@ -112,18 +124,20 @@ class ApertusDataset(GPTDataset):
     def _build_sft_index(self) -> None:
         capacity = self.config.sequence_length + 1
         lengths = self.dataset.sequence_lengths[self.indices].astype(np.int64)
+        what = "conversation" if self.is_sft else "document"
         if lengths.size == 0:
-            raise SftPackingError(f"{self.dataset_path}: no conversations in the {self.index_split.name} split")
+            raise SftPackingError(f"{self.dataset_path}: no {what}s in the {self.index_split.name} split")
         if lengths.min() < 2:
-            raise SftPackingError(f"{self.dataset_path}: a conversation has fewer than 2 tokens "
+            raise SftPackingError(f"{self.dataset_path}: a {what} has fewer than 2 tokens "
                                   f"(sequence {int(self.indices[int(lengths.argmin())])})")
-        if self.config.apertus.sft_oversize == "error" and lengths.max() > capacity:
+        oversize = self.config.apertus.sft_oversize if self.is_sft else "split"
+        if oversize == "error" and lengths.max() > capacity:
             k = int(np.argmax(lengths > capacity))
             raise SftPackingError(
                 f"{self.dataset_path}: conversation {int(self.indices[k])} has {int(lengths[k])} tokens, more than "
                 f"a sample holds (--seq-length {self.config.sequence_length} + 1); pass --apertus-sft-oversize split "
                 "to cut long conversations into pieces")
-        packing = best_fit_decreasing(lengths, capacity, oversize=self.config.apertus.sft_oversize)
+        packing = best_fit_decreasing(lengths, capacity, oversize=oversize)
         order = np.argsort(packing.piece_bin, kind="stable")
         self._piece_doc = packing.piece_doc[order]
         self._piece_start = packing.piece_start[order]
@@ -134,10 +148,16 @@ class ApertusDataset(GPTDataset):
         epochs = max(1, -(-wanted // self.num_bins))
         rng = np.random.RandomState(self.config.random_seed)
         self._sample_bins = np.concatenate([rng.permutation(self.num_bins) for _ in range(epochs)])
+        fill = float(lengths.sum()) / (self.num_bins * capacity)
+        _LOG.info("%s: %d %ss packed best-fit-decreasing into %d samples of %d tokens (%.1f%% filled, %s split)",
+                  self.dataset_path, lengths.size, what, self.num_bins, capacity, 100 * fill, self.index_split.name)
 
     def _conversation_targets(self, seq: int) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, per-label keep mask) of one whole conversation."""
+        """(ids, per-label keep mask) of one whole conversation (SFT) or document (packed pretraining)."""
         ids = np.asarray(self.dataset.get(int(seq)), dtype=np.int64)
+        if self.is_bfd:
+            weights = pretraining_targets(ids, self.spec, self.keep_config, goldfish=self.config.apertus.goldfish).weights
+            return ids, weights > 0
         if self._stored_mask is not None:
             keep = np.asarray(sft_mask_from_stored(self._stored_mask.get(int(seq)), length=ids.size), dtype=bool)
         else:
@@ -172,7 +192,7 @@ class ApertusDataset(GPTDataset):
 
     # ------------------------------------------------------------------ samples
     def __len__(self) -> int:
-        if self.is_sft:
+        if self.is_packed:
             return int(self._sample_bins.size)
         return super().__len__()
 
@@ -187,7 +207,7 @@ class ApertusDataset(GPTDataset):
     def __getitem__(self, idx: int | None) -> dict[str, torch.Tensor]:
         """One sample (see the module docstring); ``idx=None`` is a padding sample with no targets."""
         i = 0 if idx is None else int(idx)
-        ids, keep, doc_ids, positions = self._sft_sample(i) if self.is_sft else self._pretraining_sample(i)
+        ids, keep, doc_ids, positions = self._sft_sample(i) if self.is_packed else self._pretraining_sample(i)
         seq_len = ids.size - 1
         if idx is None:
             keep = np.zeros_like(keep)

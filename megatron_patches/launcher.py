@@ -16,10 +16,14 @@ The launcher does what ``python SCRIPT ...`` does (``sys.argv``, the script's di
      arguments, ``pretrain`` swaps the providers and sets the container's layer spec, RoPE scaling
      factor and vocabulary rows;
 
-   and megatron-core's optimizer construction gets the Apertus weight-decay rule and, on request,
+   ``train_step`` and ``training_log`` are wrapped (both forms) so that a step whose global batch
+   holds no loss target skips its optimizer step and says so, and the per-modality losses are
+   logged over their own targets (:func:`megatron_patches.training.wrap_train_step`); and
+   megatron-core's optimizer construction gets the Apertus weight-decay rule and, on request,
    AdEMAMix (:mod:`megatron_patches.optimizer`) once the arguments are parsed.
 
-The script itself is never modified. A script that does not import ``megatron.training`` runs with
+``--apertus-recipe NAME`` (:mod:`megatron_patches.recipes`) is expanded into the stage's flags
+before the script sees its arguments, and printed. The script itself is never modified. A script that does not import ``megatron.training`` runs with
 the plugin active all the same (its own code may call :func:`megatron_patches.arguments.add_apertus_args`).
 """
 
@@ -38,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ApertusRunError, PreflightError
-from .version import SUPPORTED, MegatronVersionError, megatron_core_version
+from .version import SUPPORTED, SUPPORTED_RANGE, MegatronVersionError, megatron_core_version
 
 __all__ = ["LauncherError", "ActivePlugin", "active", "activate", "training_form", "run_script", "main",
            "script_imports_megatron_training"]
@@ -47,6 +51,8 @@ USAGE = """usage: apertus-megatron SCRIPT [ARGS...]
 
 Run an upstream Megatron-LM training script (pretrain_gpt.py) for Apertus 1.5. ARGS are the script's
 own Megatron flags plus the --apertus-* flags (see `apertus-megatron SCRIPT --help`, group "apertus").
+--apertus-recipe NAME puts a stage's flags (SPEC.md 6) before yours; a flag you pass replaces the
+recipe's. `apertus-megatron --recipes` lists them.
 The script must come from a Megatron-LM checkout matching the installed megatron-core
 (0.16.x or 0.19.x); its directory is put first on sys.path, as `python SCRIPT` does.
 """
@@ -106,10 +112,12 @@ def training_form(pretrain: Any) -> str:
 def _on_args_ready(args: Any) -> None:
     """After Megatron has parsed its arguments: build the options, install the optimizer rules."""
     from . import optimizer, training
-    from .arguments import options_from_args
+    from .arguments import describe_options, options_from_args
 
     options = options_from_args(args)
     training.set_options(options)
+    if os.environ.get("RANK", "0") == "0":
+        print(f" [apertus] {describe_options(options)}", flush=True)
     if getattr(args, "mock_data", False):
         raise PreflightError("--mock-data is not supported with apertus-megatron (the Apertus targets need "
                                       "real indexed datasets)")
@@ -164,7 +172,6 @@ def _pretrain_019(original: Any) -> Any:
 
         margs = get_args()
         options = training.get_options()
-        training.preflight_from_args(margs, options)
         model = getattr(cfg_container, "model", None)
         if model is not None:
             use_te = margs.transformer_impl == "transformer_engine"
@@ -186,6 +193,46 @@ def _pretrain_019(original: Any) -> Any:
 
     pretrain.__apertus_original__ = original  # type: ignore[attr-defined]
     return pretrain
+
+
+def _initialize_megatron(original: Any) -> Any:
+    """Megatron's initialization, then the preflight: once per job, on rank 0, its verdict broadcast."""
+
+    @functools.wraps(original)
+    def initialize_megatron(*args: Any, **kwargs: Any) -> Any:
+        from megatron.training import get_args
+
+        from . import training
+
+        out = original(*args, **kwargs)
+        training.preflight_from_args(get_args(), training.get_options())
+        return out
+
+    initialize_megatron.__apertus_original__ = original  # type: ignore[attr-defined]
+    return initialize_megatron
+
+
+def _patch_training_loop(training_mod: Any) -> None:
+    """Steps without targets and per-modality logging (:func:`megatron_patches.training.wrap_train_step`);
+    the preflight right after Megatron's initialization."""
+    from .training import wrap_train_step, wrap_training_log
+
+    if not callable(getattr(training_mod, "initialize_megatron", None)):
+        raise LauncherError("Megatron-LM's megatron.training.training has no initialize_megatron; supported: "
+                            f"megatron-core {SUPPORTED_RANGE}")
+    _patch(training_mod, "initialize_megatron", _initialize_megatron)
+
+    for name, make, want in (("train_step", wrap_train_step, ["forward_step_func", "data_iterator", "model",
+                                                                  "optimizer"]),
+                             ("training_log", wrap_training_log, ["loss_dict", "total_loss_dict"])):
+        fn = getattr(training_mod, name, None)
+        fn = getattr(fn, "__apertus_original__", fn)
+        params = list(inspect.signature(fn).parameters)[:len(want)] if fn is not None else []
+        if params != want or (name == "training_log" and not {"iteration", "skipped_iter"} <= set(
+                inspect.signature(fn).parameters)):
+            raise LauncherError(f"Megatron-LM's megatron.training.training.{name} has an unexpected form "
+                                f"({params}); supported: megatron-core {SUPPORTED_RANGE}")
+        _patch(training_mod, name, make)
 
 
 def _patch(module: Any, name: str, make: Any) -> None:
@@ -215,6 +262,7 @@ def activate(script: str | os.PathLike[str] | None = None) -> ActivePlugin:
         training_pkg = importlib.import_module("megatron.training")
         training_mod = importlib.import_module("megatron.training.training")
         form = training_form(getattr(training_mod.pretrain, "__apertus_original__", training_mod.pretrain))
+        _patch_training_loop(training_mod)
         if form == "0.16":
             _patch(training_mod, "pretrain", _pretrain_016)
         else:
@@ -239,6 +287,12 @@ def run_script(script: str | os.PathLike[str], argv: list[str]) -> None:
     if not path.is_file():
         raise LauncherError(f"{script}: no such script")
     path = path.resolve()
+    from .recipes import expand_recipes
+
+    argv, report = expand_recipes(argv)
+    if report and os.environ.get("RANK", "0") == "0":
+        for line in report:
+            print(f" [apertus] {line}", flush=True)
     sys.argv = [str(path), *argv]
     sys.path.insert(0, str(path.parent))
     activate(path)
@@ -251,6 +305,12 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
+    if argv[0] == "--recipes":
+        from .recipes import RECIPES
+
+        for r in RECIPES.values():
+            print(f"{r.name:26s} {r.summary}\n{'':26s} {' '.join(r.flags)}")
+        return 0
     try:
         run_script(argv[0], argv[1:])
     except (LauncherError, ApertusRunError) as exc:

@@ -77,10 +77,25 @@ def _set_init_state_fn(optimizer: Any) -> None:
 
 
 def apply_weight_decay_rule(param_groups: list[dict[str, Any]], rule: str) -> None:
-    """``rule == "all"``: every megatron-core parameter group decays (``wd_mult = 1``); ``"megatron"``: unchanged."""
-    if rule == "all":
-        for group in param_groups:
-            group["wd_mult"] = 1.0
+    """``rule == "all"``: every megatron-core parameter group decays (``wd_mult = 1``); ``"megatron"``: unchanged.
+
+    Groups that differed only in their weight decay become one group (their parameters in order):
+    megatron-core matches a checkpoint's parameter groups to the optimizer's by their settings, and
+    two groups with equal settings would collapse into one on load.
+    """
+    if rule != "all":
+        return
+    merged: list[dict[str, Any]] = []
+    for group in param_groups:
+        group["wd_mult"] = 1.0
+        settings = {k: v for k, v in group.items() if k != "params"}
+        for other in merged:
+            if {k: v for k, v in other.items() if k != "params"} == settings:
+                other["params"] = list(other["params"]) + list(group["params"])
+                break
+        else:
+            merged.append(group)
+    param_groups[:] = merged
 
 
 @contextlib.contextmanager

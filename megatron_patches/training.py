@@ -9,7 +9,14 @@ own, with the same signatures:
 * :func:`loss_func` weights each label by its keep mask (from the dataset: SFT mask, excluded ids,
   end of document, Goldfish) times its modality's weight at the current iteration (a preset,
   explicit weights or a schedule), and reports the combined loss (``lm loss``, the trained
-  objective) with each modality's own loss (``text loss``, ``image loss``, ...) beside it.
+  objective) with each modality's own loss (``text loss``, ``image loss``, ...) beside it, each
+  over the same targets (the labels of positive weight) and token-weighted across micro-batches
+  and ranks by Megatron's own reduction.
+* :func:`wrap_train_step` and :func:`wrap_training_log` (installed by the launcher) make a step
+  whose global batch holds no target visible: its optimizer step is skipped (Megatron counts it
+  among the skipped iterations), the log says so and counts it (``--apertus-empty-steps error``
+  stops the run instead), and a modality without targets in a logging interval is left out of
+  that interval's log line rather than logged as 0.
 * :func:`model_provider` builds the Apertus ``GPTModel`` (:mod:`megatron_patches.spec`).
 * :func:`train_valid_test_datasets_provider` builds :class:`~megatron_patches.dataset.ApertusDataset`
   blends with megatron-core's ``BlendedMegatronDatasetBuilder``.
@@ -22,6 +29,8 @@ own, with the same signatures:
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from functools import partial
@@ -35,7 +44,7 @@ import torch  # noqa: E402
 from megatron.core import parallel_state  # noqa: E402
 
 from apertus_plugins.indexed import IndexedDataset, IndexedDatasetError  # noqa: E402
-from apertus_plugins.manifest import verify_manifest  # noqa: E402
+from apertus_plugins.manifest import read_manifest, verify_manifest  # noqa: E402
 from apertus_plugins.vocab import VocabSpec  # noqa: E402
 
 from .arguments import ApertusOptions, options_from_args  # noqa: E402
@@ -43,7 +52,10 @@ from .errors import PreflightError  # noqa: E402
 
 __all__ = [
     "BATCH_KEYS",
-    "NO_TOKENS",
+    "StepTargets",
+    "step_targets",
+    "wrap_train_step",
+    "wrap_training_log",
     "PreflightError",
     "set_options",
     "get_options",
@@ -60,11 +72,6 @@ __all__ = [
 
 #: Per-token keys every batch carries (``[micro_batch, seq_length]``).
 BATCH_KEYS = ("tokens", "labels", "loss_mask", "modality", "position_ids")
-#: Added to each modality's token count in the report, so an iteration without labels of a
-#: modality logs 0 for it instead of 0/0.
-NO_TOKENS = 1e-8
-
-
 _OPTIONS: list[ApertusOptions] = []
 
 
@@ -110,24 +117,183 @@ def loss_func(
         validate: optional ``callable(loss)`` for NaN/Inf/spike checks.
 
     Returns:
-        ``(sum_j w_j * loss_j, number of labels with w_j > 0, report)`` where ``w_j`` is the keep
-        mask times the modality weight; Megatron divides the sum by the token count. The report
-        holds ``[sum, count]`` pairs: ``lm loss`` (the trained, weighted loss) and ``<modality>
-        loss`` for each modality (its unweighted mean loss over its kept labels).
+        ``(sum_j w_j * loss_j, number of targets, report)`` where ``w_j`` is the keep mask times
+        the modality weight and the targets are the labels with ``w_j > 0``; Megatron divides the
+        sum by the token count. The report holds ``[sum, count]`` pairs over those same targets:
+        ``lm loss`` (the trained, weighted loss) and ``<modality> loss`` for each modality (its
+        unweighted mean loss over its targets). Megatron sums each pair over the micro-batches
+        and data-parallel ranks of a step before it divides, so every logged value is
+        token-weighted. The target counts also go to :func:`step_targets` (the launcher's
+        check for steps without targets).
     """
     losses = output_tensor.reshape(-1).float()
     keep = loss_mask.reshape(-1).float()
     mod = modality.reshape(-1).long()
     w = keep * weights.to(device=losses.device, dtype=torch.float32)[mod]
     loss = torch.sum(losses * w)
-    num_tokens = (w > 0).sum().to(torch.int)
+    target = w > 0
+    num_tokens = target.sum().to(torch.int)
     report = {"lm loss": torch.stack([loss.detach(), num_tokens.detach().float()])}
+    counts = [num_tokens.detach()]
     for k, name in enumerate(names):
-        sel = keep * (mod == k)
-        report[f"{name} loss"] = torch.stack([torch.sum(losses.detach() * sel), sel.sum() + NO_TOKENS])
+        sel = target & (mod == k)
+        n = sel.sum()
+        report[f"{name} loss"] = torch.stack([torch.sum(losses.detach() * sel), n.float()])
+        counts.append(n)
+    _STEP.add(torch.stack(counts).to(torch.int64))
     if validate is not None:
         validate(loss)
     return loss, num_tokens, report
+
+
+# ------------------------------------------------------------------------------- steps without targets
+@dataclasses.dataclass
+class StepTargets:
+    """Target counts of the current training step, and how many steps so far had none.
+
+    :func:`loss_func` adds each micro-batch's counts (``[all, per modality...]``) on this rank;
+    :meth:`reduce` sums them over every rank once the step's backward passes are done (the
+    tensor-parallel ranks of a group see the same labels, so the sum is divided by their number).
+    """
+
+    local: torch.Tensor | None = None
+    total: list[int] | None = None
+    empty_steps: int = 0
+
+    def reset(self) -> None:
+        self.local, self.total = None, None
+
+    def add(self, counts: torch.Tensor) -> None:
+        self.local = counts if self.local is None else self.local + counts.to(self.local.device)
+
+    def reduce(self, size: int) -> list[int]:
+        counts = torch.zeros(size, dtype=torch.int64, device=_device()) if self.local is None else \
+            self.local.to(_device())
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(counts)
+            if parallel_state.model_parallel_is_initialized():
+                counts = counts // max(1, parallel_state.get_tensor_model_parallel_world_size())
+        self.total = [int(c) for c in counts.tolist()]
+        return self.total
+
+
+_STEP = StepTargets()
+
+
+def step_targets() -> StepTargets:
+    """The target accounting of this process (see :class:`StepTargets`)."""
+    return _STEP
+
+
+def _print_last(message: str) -> None:
+    rank_ok = not torch.distributed.is_initialized() or \
+        torch.distributed.get_rank() == torch.distributed.get_world_size() - 1
+    if rank_ok:
+        print(message, flush=True)
+
+
+def wrap_train_step(original: Any) -> Any:
+    """Wrap Megatron-LM's ``train_step``: a step whose global batch holds no target skips its optimizer step.
+
+    Before the step the target counts are reset; the optimizer's ``step`` (called by ``train_step``
+    after the backward passes, on every rank) first sums the counts over all ranks, and when the
+    step has no target at all it returns ``(False, None, None)``, Megatron's "update not
+    successful" (counted as a skipped iteration: no parameter, optimizer-state or learning-rate
+    update from a zero gradient). ``--apertus-empty-steps error`` raises instead.
+    """
+    from .errors import ApertusRunError
+
+    @functools.wraps(original)
+    def train_step(forward_step_func: Any, data_iterator: Any, model: Any, optimizer: Any, *args: Any,
+                   **kwargs: Any) -> Any:
+        _STEP.reset()
+        if not hasattr(optimizer, "__apertus_step__"):
+            step = optimizer.step
+            size = 1 + len(get_options().spec.modality_names)
+
+            def guarded_step(*a: Any, **k: Any) -> Any:
+                total = _STEP.reduce(size)
+                if total[0] > 0:
+                    return step(*a, **k)
+                _STEP.empty_steps += 1
+                if get_options().empty_steps == "error":
+                    raise ApertusRunError("a training step's global batch holds no loss target (every label masked: "
+                                          "SFT samples without an assistant turn, or modality weights of 0); "
+                                          "--apertus-empty-steps error stops here")
+                return False, None, None
+
+            optimizer.step = guarded_step
+            optimizer.__apertus_step__ = step
+        return original(forward_step_func, data_iterator, model, optimizer, *args, **kwargs)
+
+    train_step.__apertus_original__ = original  # type: ignore[attr-defined]
+    return train_step
+
+
+def wrap_training_log(original: Any) -> Any:
+    """Wrap Megatron-LM's ``training_log`` so that the log is honest about targets.
+
+    * a step without targets (see :func:`wrap_train_step`): a line says so with the running count,
+      and its losses (0/0) are replaced by 0 before Megatron's NaN check (the step is skipped, its
+      losses are not averaged, and it is no "nan iteration");
+    * a modality without targets in a step is dropped from that step's losses, and the interval's
+      average of each modality is taken over the steps that had its targets (Megatron divides by
+      every advanced step); a key with no such step in the interval is left out of the line.
+    """
+    signature = inspect.signature(original)
+    interval: dict[str, int] = {}
+
+    @functools.wraps(original)
+    def training_log(loss_dict: dict[str, Any], total_loss_dict: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        from megatron.training import get_args
+
+        bound = signature.bind(loss_dict, total_loss_dict, *args, **kwargs)
+        iteration = int(bound.arguments.get("iteration", 0))
+        skipped = bool(bound.arguments.get("skipped_iter", 0))
+        first = bool(bound.arguments.get("is_first_iteration", False))
+        names = get_options().spec.modality_names
+        total = _STEP.total or [1] * (1 + len(names))
+        loss_dict = dict(loss_dict)
+        if total[0] == 0:
+            _print_last(f" [apertus] iteration {iteration:8d}: the global batch holds no loss target (every label "
+                        f"masked); the optimizer step is skipped ({_STEP.empty_steps} step(s) without targets so far)")
+            loss_dict = {k: torch.zeros_like(v) for k, v in loss_dict.items()}
+        else:
+            for k, name in enumerate(names):
+                if total[1 + k] == 0:
+                    loss_dict.pop(f"{name} loss", None)
+        if not skipped:
+            for key in loss_dict:
+                interval[key] = interval.get(key, 0) + 1
+        log_now = iteration % get_args().log_interval == 0 or first
+        scaled: dict[str, float] = {}
+        if log_now:
+            advanced = int(total_loss_dict.get("advanced iterations", 0)) + (0 if skipped else 1)
+            for key in [k for k in total_loss_dict if isinstance(total_loss_dict[k], torch.Tensor)]:
+                if key in loss_dict and not skipped:
+                    continue  # Megatron adds this step's value itself
+                if not interval.get(key):
+                    del total_loss_dict[key]
+            for key, n in interval.items():
+                if key in total_loss_dict or (key in loss_dict and not skipped):
+                    scaled[key] = advanced / n
+        for key, f in scaled.items():
+            if key in total_loss_dict:
+                total_loss_dict[key] = total_loss_dict[key] * f
+            if key in loss_dict and not skipped:
+                loss_dict[key] = loss_dict[key] * f
+        out = original(loss_dict, total_loss_dict, *args, **kwargs)
+        if log_now:
+            if first:  # Megatron keeps the accumulators after the first iteration's line: undo the scaling
+                for key, f in scaled.items():
+                    if key in total_loss_dict:
+                        total_loss_dict[key] = total_loss_dict[key] / f
+            else:
+                interval.clear()
+        return out
+
+    training_log.__apertus_original__ = original  # type: ignore[attr-defined]
+    return training_log
 
 
 def _megatron_validate(loss: torch.Tensor) -> None:
@@ -370,10 +536,10 @@ def preflight(options: ApertusOptions, prefixes: Iterable[str], *, embedding_row
     """Check a run's data and vocabulary before training; raise :class:`PreflightError` naming each problem.
 
     * the vocabulary fits the embedding (``VocabSpec.check_embedding``);
-    * every ``--apertus-sft-data`` prefix is part of the blend;
+    * every ``--apertus-sft-data`` and ``--apertus-bfd-data`` prefix is part of the blend;
     * every ``.bin``/``.idx`` pair (and stored SFT mask stream) reads consistently;
     * with ``--apertus-manifest``: the blend (with the mask streams) is exactly the manifest's list,
-      with unchanged sizes, counts and checksums.
+      with unchanged sizes and counts (and checksums with ``--apertus-manifest-checksums``).
     """
     spec = spec or options.spec
     prefixes = [os.path.normpath(p) for p in prefixes]
@@ -382,9 +548,10 @@ def preflight(options: ApertusOptions, prefixes: Iterable[str], *, embedding_row
         spec.check_embedding(embedding_rows, "embedding")
     except ValueError as exc:
         problems.append(f"vocabulary: {exc}")
-    for p in options.sft_prefixes:
-        if p not in prefixes:
-            problems.append(f"--apertus-sft-data {p}: not one of the run's data prefixes {prefixes}")
+    for flag, listed in (("--apertus-sft-data", options.sft_prefixes), ("--apertus-bfd-data", options.bfd_prefixes)):
+        for p in listed:
+            if p not in prefixes:
+                problems.append(f"{flag} {p}: not one of the run's data prefixes {prefixes}")
     checked = list(prefixes)
     if options.sft_mask == "stored":
         checked += [p + options.sft_mask_suffix for p in options.sft_prefixes if p in prefixes]
@@ -409,6 +576,10 @@ def preflight(options: ApertusOptions, prefixes: Iterable[str], *, embedding_row
                                 f"{p}'s")
     if options.manifest is not None:
         try:
+            # a manifest may list the mask streams of the SFT prefixes although this run derives the mask
+            listed = {os.path.normpath(e.get("prefix", "")) for e in read_manifest(options.manifest)["datasets"]}
+            checked += [m for m in (p + options.sft_mask_suffix for p in options.sft_prefixes if p in prefixes)
+                        if m in listed and m not in checked]
             verify_manifest(options.manifest, checked, checksums=options.manifest_checksums)
         except ValueError as exc:
             problems.append(str(exc))
@@ -419,10 +590,45 @@ def preflight(options: ApertusOptions, prefixes: Iterable[str], *, embedding_row
 _PREFLIGHT_DONE: list[bool] = []
 
 
+def _is_rank0() -> bool:
+    return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+
+
 def preflight_from_args(args: Any, options: ApertusOptions) -> None:
-    """:func:`preflight` with the prefixes and embedding size of Megatron's parsed arguments (once per process)."""
+    """:func:`preflight` with the prefixes and embedding size of Megatron's parsed arguments, once per job.
+
+    With a process group, rank 0 alone reads the data, the manifest and the checkpoint's
+    arguments, and broadcasts its verdict; every other rank waits for it and raises the same
+    :class:`PreflightError`. Without one (a single process), it runs here.
+    """
     if _PREFLIGHT_DONE:
         return
+    import time
+
+    distributed = torch.distributed.is_initialized()
+    verdict: str | None = None
+    if _is_rank0():
+        t0 = time.perf_counter()
+        try:
+            n = _preflight_checks(args, options)
+        except PreflightError as exc:
+            verdict = str(exc)
+        else:
+            how = "sizes, counts and sha256" if options.manifest_checksums else "sizes and counts"
+            manifest = f", manifest {options.manifest} verified ({how})" if options.manifest else ""
+            ranks = torch.distributed.get_world_size() if distributed else 1
+            print(f" [apertus] preflight: {n} dataset prefixes checked{manifest} in {time.perf_counter() - t0:.2f} s "
+                  f"on rank 0; verdict sent to {ranks} rank(s)", flush=True)
+    if distributed:
+        box = [verdict]
+        torch.distributed.broadcast_object_list(box, src=0)
+        verdict = box[0]
+    _PREFLIGHT_DONE.append(True)
+    if verdict is not None:
+        raise PreflightError(verdict)
+
+
+def _preflight_checks(args: Any, options: ApertusOptions) -> int:
     from megatron.training.utils import get_blend_and_blend_per_split
 
     if getattr(args, "mock_data", False):
@@ -443,7 +649,7 @@ def preflight_from_args(args: Any, options: ApertusOptions) -> None:
                                  "pass the checkpoint's values, or --apertus-allow-rope-change for a deliberate "
                                  "change (context extension)")
     preflight(options, prefixes, embedding_rows=embedding_rows(args, options))
-    _PREFLIGHT_DONE.append(True)
+    return len(prefixes)
 
 
 def cross_document_problems(args: Any, options: ApertusOptions) -> list[str]:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import importlib
-import re
+
+from packaging.version import Version
+
+from apertus_plugins.versions import SUPPORTED as VERSIONS
+from apertus_plugins.versions import UnsupportedVersionError, require
 
 __all__ = ["SUPPORTED", "SUPPORTED_RANGE", "MegatronVersionError", "megatron_core_version", "check_version",
            "require_supported"]
@@ -13,10 +17,10 @@ SUPPORTED = {
     (0, 16): "pretrain(train_valid_test_dataset_provider, model_provider, ..., extra_args_provider=...)",
     (0, 19): "parse_and_validate_args(extra_args_provider=...) + pretrain(config_container, ...)",
 }
-SUPPORTED_RANGE = "megatron-core 0.16.x (Python 3.11+) or 0.19.x (Python 3.12+)"
+SUPPORTED_RANGE = "megatron-core " + VERSIONS["megatron-core"].range()
 
 
-class MegatronVersionError(RuntimeError):
+class MegatronVersionError(UnsupportedVersionError):
     """megatron-core (or Megatron-LM) is missing or of a version the adapter does not support."""
 
 
@@ -33,14 +37,12 @@ def megatron_core_version() -> str:
 
 def check_version(version: str) -> tuple[int, int]:
     """``(major, minor)`` of ``version`` if supported, else :class:`MegatronVersionError` naming the range."""
-    m = re.match(r"^(\d+)\.(\d+)", version)
-    if m is None:
-        raise MegatronVersionError(f"cannot read the megatron-core version {version!r}; supported: {SUPPORTED_RANGE}")
-    key = (int(m.group(1)), int(m.group(2)))
-    if key not in SUPPORTED:
-        raise MegatronVersionError(
-            f"megatron-core {version} is not supported by apertus-plugins; supported: {SUPPORTED_RANGE}")
-    return key
+    try:
+        require("megatron-core", version)
+    except UnsupportedVersionError as exc:
+        raise MegatronVersionError(str(exc)) from None
+    release = Version(version).release
+    return release[0], release[1]
 
 
 _CHECKED: list[tuple[int, int]] = []

@@ -1,0 +1,21 @@
+"""Loads the suite's CPU harness (``cpu_patches``) into every process started with it on ``PYTHONPATH``.
+
+Test code. A torchrun worker (``LOCAL_RANK`` set) with ``APERTUS_MEGATRON_CPU=1`` installs the
+patches before anything else runs; the torchrun parent and other processes are left alone
+(``APERTUS_MEGATRON_CPU_ALL=1`` patches a plain process too). An error installing them ends the
+worker with the harness's message. ``APERTUS_TEST_KILL_AFTER_CHECKPOINT=N`` kills the worker
+right after it saved iteration N (the resume test's preemption).
+"""
+
+import os
+import sys
+
+if os.environ.get("APERTUS_MEGATRON_CPU") == "1" and ("LOCAL_RANK" in os.environ
+                                                      or os.environ.get("APERTUS_MEGATRON_CPU_ALL") == "1"):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import cpu_patches
+
+    cpu_patches.install()
+    if os.environ.get("APERTUS_TEST_KILL_AFTER_CHECKPOINT"):
+        cpu_patches.kill_after_checkpoint(int(os.environ["APERTUS_TEST_KILL_AFTER_CHECKPOINT"]))
+    del sys.path[0]
