@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from apertus_plugins.judges import Judge
 from apertus_plugins.losses import dpo_loss_from_tokens
 
 __all__ = [
@@ -129,11 +130,9 @@ def balance_pairs(seqlens: Sequence[int], k_partitions: int) -> list[int]:
     return [2 * p + j for part in parts for p in part for j in range(PAIR_GROUP_SIZE)]
 
 
-def judge_scores(judge: Any, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
-    """The judge's expected rating of every response (batched, in order)."""
-    if hasattr(judge, "rate_batch"):
-        return [float(s) for s in judge.rate_batch(list(prompts), list(responses))]
-    return [float(judge.rate(p, r)) for p, r in zip(prompts, responses, strict=True)]
+def judge_scores(judge: Judge, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
+    """The judge's expected rating of every response (:meth:`Judge.rate_batch`, in order)."""
+    return [float(s) for s in judge.rate_batch(list(prompts), list(responses))]
 
 
 def dpo_loss_fn(config: Any, model_output: dict, data: Any, dp_group: Any = None, beta: float = 0.1,

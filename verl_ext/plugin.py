@@ -2,9 +2,12 @@
 
 It checks the verl version, then registers with verl's own registries:
 
-* the reward manager ``apertus`` (``reward.reward_manager.name=apertus``);
+* the reward managers ``apertus`` and ``none`` (``reward.reward_manager.name``);
 * the trainers ``apertus_sdpo``, ``apertus_online_dpo`` and ``apertus_offline_dpo``
-  (``trainer.v1.trainer_mode``);
+  (``trainer.v1.trainer_mode``), and the rollout backend ``none`` (``actor_rollout_ref.rollout.name``:
+  a trainer without an inference engine, offline DPO);
+* the agent loop ``apertus_single_turn`` (``actor_rollout_ref.rollout.agent.default_agent_loop``):
+  rollout prompt ids from the core's injection-safe chat encoding (:mod:`verl_ext.agent_loop`);
 * with ``transformers``' Auto classes, the Apertus 1.5 configs and the text-only causal LM
   :class:`apertus_plugins.hf.modeling.Apertus1p5ForCausalLM` (``AutoModelForCausalLM`` and
   ``AutoModelForImageTextToText``, where the installed ``transformers`` has no ``apertus1p5``), so that
@@ -21,17 +24,19 @@ from __future__ import annotations
 
 import logging
 
+from apertus_plugins.versions import SUPPORTED as VERSIONS
+from apertus_plugins.versions import require
+
 logger = logging.getLogger("verl_ext")
 
-SUPPORTED = (0, 9)  #: verl 0.9.x
-REGISTERED: dict[str, list[str]] = {"reward_managers": [], "trainers": [], "transformers": []}
+SUPPORTED = VERSIONS["verl"].specifier  #: verl 0.9.x
+REGISTERED: dict[str, list[str]] = {"reward_managers": [], "trainers": [], "transformers": [], "agent_loops": [],
+                                    "rollout_backends": []}
 
 
 def check_version(version: str) -> None:
     """Fail with a clear message unless ``version`` is in the supported range (0.9.x)."""
-    parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
-    if parts[:2] != SUPPORTED:
-        raise RuntimeError(f"apertus-plugins' verl adapter supports verl >=0.9,<0.10; found verl {version}")
+    require("verl", version)
 
 
 def register() -> dict[str, list[str]]:
@@ -44,8 +49,9 @@ def register() -> dict[str, list[str]]:
     from .rewards import register_reward_manager
 
     register_reward_manager()
-    if "apertus" not in REGISTERED["reward_managers"]:
-        REGISTERED["reward_managers"].append("apertus")
+    for name in ("apertus", "none"):
+        if name not in REGISTERED["reward_managers"]:
+            REGISTERED["reward_managers"].append(name)
     try:
         from . import trainers  # noqa: F401  (registers through verl's register_trainer)
     except ImportError as exc:  # the v1 trainer needs transfer_queue
@@ -54,6 +60,12 @@ def register() -> dict[str, list[str]]:
         for name in ("apertus_sdpo", "apertus_online_dpo", "apertus_offline_dpo"):
             if name not in REGISTERED["trainers"]:
                 REGISTERED["trainers"].append(name)
+        if "none" not in REGISTERED["rollout_backends"]:
+            REGISTERED["rollout_backends"].append("none")
+    from . import agent_loop  # noqa: F401  (registers through verl's agent-loop register)
+
+    if "apertus_single_turn" not in REGISTERED["agent_loops"]:
+        REGISTERED["agent_loops"].append("apertus_single_turn")
     return REGISTERED
 
 

@@ -1,5 +1,8 @@
 """Rewards for verl: ``compute_score`` for ``reward.custom_reward_function`` and the ``apertus`` reward manager.
 
+The judge-driven stages (SDPO, online DPO) select the reward manager ``none``: reward 0 for every rollout,
+since the judge scores them in the trainer step.
+
 verl's reward managers decode responses with ``skip_special_tokens=True``, which deletes the
 Apertus tool-call markers (``<|tools_prefix|>`` and ``<|tools_suffix|>`` are special tokens)
 and with them the answer tool's call. The ``apertus`` reward manager is verl's naive manager
@@ -48,21 +51,38 @@ class _KeepSpecialTokens:
         return getattr(self._tok, name)
 
 
+_compute_score = compute_score
+
+
 def register_reward_manager() -> type:
-    """Register ``reward.reward_manager.name=apertus`` with verl (idempotent)."""
+    """Register ``reward.reward_manager.name=apertus`` (and ``none``) with verl (idempotent)."""
     from verl.experimental.reward_loop.reward_manager import NaiveRewardManager, get_reward_manager_cls, register
+    from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 
     try:
         return get_reward_manager_cls("apertus")
     except ValueError:
         pass
 
+    @register("none")
+    class NoRewardManager(RewardManagerBase):
+        """Reward 0 for every rollout: the judge-driven stages (SDPO, online DPO) score rollouts in the
+        trainer step, and verl's reward loop still runs on every trajectory."""
+
+        def __init__(self, config: Any, tokenizer: Any, compute_score: Any = None, *args: Any, **kw: Any) -> None:
+            super().__init__(config, tokenizer, compute_score)
+
+        async def run_single(self, data: Any) -> dict:
+            return {"reward_score": 0.0, "reward_extra_info": {}}
+
     @register("apertus")
     class ApertusRewardManager(NaiveRewardManager):
         """verl's naive reward manager, decoding with special tokens kept, scoring with :func:`compute_score`."""
 
-        def __init__(self, config: Any, tokenizer: Any, compute_score_fn: Any = None, *args: Any, **kw: Any) -> None:
-            super().__init__(config, _KeepSpecialTokens(tokenizer), compute_score_fn or compute_score, *args, **kw)
+        def __init__(self, config: Any, tokenizer: Any, compute_score: Any = None, **kw: Any) -> None:
+            # verl's load_reward_manager passes config, tokenizer and compute_score by keyword
+            super().__init__(config, _KeepSpecialTokens(tokenizer), compute_score or _compute_score, **kw)
 
     globals()["ApertusRewardManager"] = ApertusRewardManager
+    globals()["NoRewardManager"] = NoRewardManager
     return ApertusRewardManager

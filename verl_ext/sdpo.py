@@ -19,12 +19,13 @@ Chat rendering comes from :mod:`apertus_plugins.chat`; the loss from :mod:`apert
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from apertus_plugins.judges import fill_template
+from apertus_plugins.judges import Judge, fill_template
 from apertus_plugins.losses import sdpo_loss, topk_tail_reverse_kl
 
 __all__ = [
@@ -72,11 +73,9 @@ def teacher_messages(messages: Sequence[dict[str, Any]], feedback: str,
     return msgs
 
 
-def collect_feedback(judge: Any, prompts: Sequence[str], responses: Sequence[str]) -> list[str]:
-    """The judge's feedback on every response (batched, in order)."""
-    if hasattr(judge, "feedback_batch"):
-        return list(judge.feedback_batch(list(prompts), list(responses)))
-    return [judge.feedback(p, r) for p, r in zip(prompts, responses, strict=True)]
+def collect_feedback(judge: Judge, prompts: Sequence[str], responses: Sequence[str]) -> list[str]:
+    """The judge's feedback on every response (:meth:`Judge.feedback_batch`, in order)."""
+    return list(judge.feedback_batch(list(prompts), list(responses)))
 
 
 def build_teacher_prompts(chat_tokenizer: Any, raw_prompts: Sequence[Sequence[dict[str, Any]]],
@@ -149,7 +148,10 @@ def make_sdpo_loss_fn(actor_config: Any, teacher_forward: Callable[[Any], torch.
     (the frozen initial policy on ``teacher_prompts`` + ``responses``, no gradient) and returns
     the per-token KL; then with ``model_output`` to reduce it with the clipped importance ratio
     (``old_log_probs`` are the rollout policy's) using verl's global-batch aggregation.
+    ``actor/sdpo_teacher_s`` is the time spent in ``teacher_forward``.
     """
+
+    teacher_seconds = [0.0]  # the teacher forward of the micro-batch, reported with its loss
 
     def loss_fn(model_output: dict | None = None, data: Any = None, dp_group: Any = None,
                 student_logits: torch.Tensor | None = None, data_format: str = "thd", **_: Any) -> Any:
@@ -158,8 +160,10 @@ def make_sdpo_loss_fn(actor_config: Any, teacher_forward: Callable[[Any], torch.
         from verl.workers.utils.padding import no_padding_2_padding
 
         if student_logits is not None:
+            t0 = time.perf_counter()
             with torch.no_grad():
                 teacher_logits = teacher_forward(data)
+            teacher_seconds[0] += time.perf_counter() - t0
             kl = packed_token_kl(student_logits.squeeze(0), teacher_logits, _lens(data["prompts"]),
                                  _lens(data["teacher_prompts"]), _lens(data["responses"]), k=k, chunk_size=chunk_size)
             return {"sdpo_kl": kl.unsqueeze(0)}
@@ -177,6 +181,8 @@ def make_sdpo_loss_fn(actor_config: Any, teacher_forward: Callable[[Any], torch.
                                   agg=lambda m, msk: agg_loss(loss_mat=m, loss_mask=msk, loss_agg_mode=mode, **info))
         out = {f"actor/sdpo_{name}": Metric(AggregationType.MEAN, v) for name, v in metrics.items()}
         out["actor/sdpo_loss"] = Metric(AggregationType.SUM, loss.detach())
+        out["actor/sdpo_teacher_s"] = Metric(AggregationType.SUM, torch.tensor(teacher_seconds[0]))
+        teacher_seconds[0] = 0.0
         return loss, out
 
     return loss_fn

@@ -27,6 +27,7 @@ import torch
 import transfer_queue as tq
 from omegaconf import OmegaConf
 from transfer_queue import KVBatchMeta
+from verl import DataProto
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
@@ -34,8 +35,9 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.debug import marked_timer
 from verl.workers.engine_workers import ActorRolloutRefWorker
+from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry
 
-from apertus_plugins.chat import ChatTokenizer, parse_output
+from apertus_plugins.chat import ChatTokenizer, visible_answer
 from apertus_plugins.plugins import make_judge
 
 from . import dpo, sdpo
@@ -43,7 +45,8 @@ from .schedule import install_lr_schedule
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ApertusActorRolloutRefWorker", "SDPOTrainer", "OnlineDPOTrainer", "OfflineDPOTrainer", "NoRollout"]
+__all__ = ["ApertusActorRolloutRefWorker", "SDPOTrainer", "OnlineDPOTrainer", "OfflineDPOTrainer", "NoRollout",
+           "NoRolloutReplica"]
 
 
 class ApertusActorRolloutRefWorker(ActorRolloutRefWorker):
@@ -56,7 +59,11 @@ class ApertusActorRolloutRefWorker(ActorRolloutRefWorker):
             if self.ref is None:
                 raise RuntimeError("SDPO needs the frozen initial policy: run the worker with the ref role "
                                    "(actor_rollout_ref.actor.use_kl_loss=true builds it)")
-            teacher = sdpo.packed_teacher_forward(self.ref.engine.module)
+            module = self.ref.engine.module
+            # verl packs the rows into one sequence with use_remove_padding (a varlen attention kernel);
+            # without it the teacher runs on right-padded rows with an attention mask
+            teacher = (sdpo.packed_teacher_forward(module) if self.config.model.get("use_remove_padding", True)
+                       else sdpo.padded_teacher_forward(module))
             fn = sdpo.make_sdpo_loss_fn(actor_config, teacher, k=int(options.get("topk", 64)),
                                         is_clip=options.get("is_clip", 2.0))
         elif stage in ("online_dpo", "offline_dpo"):
@@ -94,9 +101,23 @@ class _ApertusTrainer:
         self.chat_tokenizer = ChatTokenizer(self.config.actor_rollout_ref.model.get("tokenizer_path")
                                             or self.config.actor_rollout_ref.model.path)
         if self.uses_judge:
+            if OmegaConf.is_missing(self.config.apertus.judge, "charter"):
+                raise ValueError("apertus.judge.charter is not set: give the charter's text or "
+                                 "apertus.judge.charter=@/path/to/charter.md ('@sample' is the sample charter for "
+                                 "tests and demos)")
             judge_cfg = dict(opts["judge"])
             self.judge = make_judge(judge_cfg.pop("backend", "openai"), **judge_cfg)
             self.judge.check()  # fail at start, not after the first rollout, when the judge is down
+
+    def _sample(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> KVBatchMeta:
+        """This step's rollouts from verl's replay buffer, timed as verl times generation."""
+        with marked_timer("gen", timing_raw, color="red"):
+            self.on_sample_begin()
+            batch, off_policy_metrics = self.replay_buffer.sample(global_steps=self.global_steps,
+                                                                  partition_id="train", batch_size=sample_batch_size)
+            metrics.update(off_policy_metrics)
+            self.on_sample_end()
+        return batch
 
     def _texts(self, batch: KVBatchMeta) -> tuple[list[Any], list[str], list[str]]:
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
@@ -104,8 +125,47 @@ class _ApertusTrainer:
         raw = [list(m) for m in data["raw_prompt"]]
         prompts = [next(m["content"] for m in reversed(msgs) if m.get("role") == "user") for msgs in raw]
         prompts = [p if isinstance(p, str) else " ".join(x.get("text", "") for x in p) for p in prompts]
-        responses = [parse_output(self.chat_tokenizer.decode(r.tolist())).content for r in data["responses"].unbind()]
+        # the response the judge reads is the answer a reader sees (the one rule of rewards and evaluation)
+        responses = [visible_answer(self.chat_tokenizer.decode(r.tolist())) for r in data["responses"].unbind()]
         return raw, prompts, responses
+
+    def _check_rollout_sync(self, batch: KVBatchMeta, metrics: dict) -> None:
+        """With ``apertus.check_rollout_sync``: verl's rollout-vs-actor metrics on this step's rollouts.
+
+        The actor's log-probs of the rollout's tokens, before this step's update, against the
+        rollout engine's (``rollout.calculate_log_probs``): verl's ``training/rollout_probs_diff_*``
+        (``calculate_debug_metrics``, what verl's own PPO logs), near zero when the engine serves the
+        weights synced after the last update. ``training/ref_probs_diff_max`` is the same distance from
+        the actor to the frozen initial policy: what a rollout engine that never received an update
+        would show. Costs an actor and a reference forward pass per step.
+        """
+        if not self.config.apertus.get("check_rollout_sync", False):
+            return
+        if not self.config.actor_rollout_ref.rollout.calculate_log_probs:
+            raise ValueError("apertus.check_rollout_sync needs the rollout's log-probs: set "
+                             "actor_rollout_ref.rollout.calculate_log_probs=true")
+        from verl.utils.debug.metrics import calculate_debug_metrics
+        from verl.workers.utils.padding import response_from_nested
+
+        self._compute_ref_log_prob(batch, metrics={})
+        batch.extra_info.update({"calculate_entropy": False, "compute_loss": False,
+                                 "temperature": self.config.actor_rollout_ref.rollout.temperature})
+        self.actor_rollout_wg.compute_log_prob(batch)
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                               select_fields=["log_probs", "response_mask", "responses", "rollout_log_probs",
+                                              "ref_log_prob"])
+        data["old_log_probs"] = response_from_nested(data.pop("log_probs"), data["response_mask"])
+        padded = data.to_padded_tensor()
+        metrics.update(calculate_debug_metrics(DataProto(batch=padded)))
+        mask = padded["response_mask"].bool()
+        shift = (padded["old_log_probs"].exp() - padded["ref_log_prob"].exp()).abs()[mask]
+        metrics["training/ref_probs_diff_max"] = float(shift.max()) if shift.numel() else float("nan")
+
+    def _compute_metrics(self, batch: KVBatchMeta, metrics: dict, timing_raw: dict, global_steps: int,
+                         epoch: int) -> None:
+        """The step's bookkeeping metrics, from the rows' tags (verl's PPO metrics read advantages,
+        values and returns, which these stages never compute)."""
+        metrics.update(step_metrics(batch.tags, timing_raw, global_steps, epoch, self._get_n_gpus_for_throughput()))
 
     def _update(self, batch: KVBatchMeta, metrics: dict, extra: dict[str, Any]) -> None:
         rows = len(batch.keys)
@@ -127,15 +187,12 @@ class SDPOTrainer(_ApertusTrainer, PPOTrainerSync):
     stage = "sdpo"
 
     def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> KVBatchMeta:
-        with marked_timer("gen", timing_raw, color="red"):
-            self.on_sample_begin()
-            batch, off_policy_metrics = self.replay_buffer.sample(global_steps=self.global_steps,
-                                                                  partition_id="train", batch_size=sample_batch_size)
-            metrics.update(off_policy_metrics)
-            self.on_sample_end()
+        batch = self._sample(metrics, timing_raw, sample_batch_size)
         batch = self._balance_batch(batch, metrics=metrics)
         with marked_timer("old_log_prob", timing_raw, color="blue"):
             batch = self._compute_old_log_prob(batch, metrics=metrics)  # bypass mode: the rollout's log-probs
+        with marked_timer("check_rollout_sync", timing_raw, color="blue"):
+            self._check_rollout_sync(batch, metrics)
         with marked_timer("judge", timing_raw, color="yellow"):
             raw, prompts, responses = self._texts(batch)
             feedback = sdpo.collect_feedback(self.judge, prompts, responses)
@@ -147,8 +204,8 @@ class SDPOTrainer(_ApertusTrainer, PPOTrainerSync):
                             fields=tq_fields({"teacher_prompts": nested}, len(batch.keys)))
             metrics["sdpo/feedback_chars"] = float(np.mean([len(f) for f in feedback]))
         with marked_timer("update_actor", timing_raw, color="red"):
-            self._update(batch, metrics, {"distillation_use_topk": True, "distillation_only": False,
-                                          "micro_batch_size_per_gpu": None})
+            # micro-batches: the actor's ppo_micro_batch_size_per_gpu (verl fills it in when the batch names none)
+            self._update(batch, metrics, {"distillation_use_topk": True, "distillation_only": False})
         return batch
 
 
@@ -159,23 +216,29 @@ class OnlineDPOTrainer(_ApertusTrainer, PPOTrainerSync):
     stage = "online_dpo"
 
     def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> KVBatchMeta:
-        with marked_timer("gen", timing_raw, color="red"):
-            self.on_sample_begin()
-            batch, off_policy_metrics = self.replay_buffer.sample(global_steps=self.global_steps,
-                                                                  partition_id="train", batch_size=sample_batch_size)
-            metrics.update(off_policy_metrics)
-            self.on_sample_end()
+        batch = self._sample(metrics, timing_raw, sample_batch_size)
+        with marked_timer("check_rollout_sync", timing_raw, color="blue"):
+            self._check_rollout_sync(batch, metrics)
         with marked_timer("judge", timing_raw, color="yellow"):
             _, prompts, responses = self._texts(batch)
             scores = dpo.judge_scores(self.judge, prompts, responses)
-            uids = list(tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                                        select_fields=["uid"])["uid"].tolist())
+            uids = field_list(tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                                              select_fields=["uid"])["uid"])
             pairs, pair_metrics = dpo.maxmin_pairs(uids, scores)
             metrics.update(pair_metrics)
             metrics["dpo/judge_score_mean"] = float(np.mean(scores))
         rows = [r for pair in pairs for r in pair]
         dp_size = max(self.actor_rollout_wg._query_dispatch_info("actor")) + 1
-        n_pairs = (len(pairs) // dp_size) * dp_size  # whole pairs per rank
+        actor = self.config.actor_rollout_ref.actor
+        micro = 1 if actor.get("use_dynamic_bsz", False) else int(actor.get("ppo_micro_batch_size_per_gpu") or 1)
+        unit = dp_size * micro  # every rank gets whole micro-batches of whole pairs
+        n_pairs = (len(pairs) // unit) * unit
+        if n_pairs == 0:
+            raise RuntimeError(f"step {self.global_steps}: {len(pairs)} preference pairs (prompts whose responses the "
+                               f"judge rated alike give none), fewer than {dp_size} data-parallel ranks x "
+                               f"{micro} pairs per micro-batch; raise data.train_batch_size or rollout.n, or lower "
+                               "actor.ppo_micro_batch_size_per_gpu")
+        metrics["dpo/pairs_trained"] = float(n_pairs)
         rows = rows[: 2 * n_pairs]
         seqlens = [batch.tags[r]["seq_len"] for r in rows]
         order = dpo.balance_pairs(seqlens, dp_size)
@@ -206,6 +269,22 @@ class NoRollout:
     def generate_sequences(self, prompts: Any) -> None:
         raise RuntimeError("offline DPO trains on a static pair file and generates nothing; validation by "
                            "generation is off (trainer.val_before_train=false, trainer.test_freq=-1)")
+
+
+class NoRolloutReplica(RolloutReplica):
+    """The rollout backend ``none`` (``actor_rollout_ref.rollout.name=none``): a replica that serves nothing.
+
+    verl resolves the rollout backend's replica class even for a trainer without rollout servers
+    (``LLMServerManager.create_empty``); with ``none`` that resolution imports no inference engine.
+    No replica of it is ever created by the offline trainer; launching one is an error.
+    """
+
+    async def launch_servers(self) -> None:
+        raise RuntimeError("rollout backend 'none' serves nothing: a trainer that generates needs "
+                           "actor_rollout_ref.rollout.name=vllm (or another engine)")
+
+
+RolloutReplicaRegistry.register("none", lambda: NoRolloutReplica)
 
 
 @register_trainer("apertus_offline_dpo")
@@ -285,7 +364,8 @@ class OfflineDPOTrainer(_ApertusTrainer, PPOTrainer):
             pairs = self._next_pairs()
             dp_size = max(self.actor_rollout_wg._query_dispatch_info("actor")) + 1
             fields, tags, keys = dpo.offline_step_rows(pairs, dp_size, step=self.global_steps)
-            batch = tq.kv_batch_put(keys=keys, partition_id="train", fields=fields, tags=tags)
+            tq.kv_batch_put(keys=keys, partition_id="train", fields=fields, tags=tags)
+            batch = rows_meta(keys, tags)
             metrics["dpo/pairs"] = float(len(pairs))
             metrics["dpo/tokens"] = float(sum(p.tokens for p in pairs))
         with marked_timer("ref", timing_raw, color="olive"):
@@ -294,13 +374,44 @@ class OfflineDPOTrainer(_ApertusTrainer, PPOTrainer):
             self._update(batch, metrics, {"force_group_size": dpo.PAIR_GROUP_SIZE})
         return batch
 
-    def _compute_metrics(self, batch: KVBatchMeta, metrics: dict, timing_raw: dict, global_steps: int,
-                         epoch: int) -> None:
-        metrics.update({"training/global_step": global_steps, "training/epoch": epoch})
-        metrics.update({f"timing_s/{name}": value for name, value in timing_raw.items()})
-        tokens = sum(tag["seq_len"] for tag in batch.tags)
-        if timing_raw.get("step"):
-            metrics["perf/throughput"] = tokens / timing_raw["step"] / self._get_n_gpus_for_throughput()
+
+def rows_meta(keys: list[str], tags: list[dict[str, Any]], partition_id: str = "train") -> KVBatchMeta:
+    """Metadata naming rows of the TransferQueue, without a field list (as verl's replay buffer samples them).
+
+    The metadata that ``kv_batch_put`` returns lists the fields written by that call, and verl's
+    TransferQueue bridge hands a worker only the listed fields: a batch carried on with it would never
+    show the worker a field written later (the reference log-probs).
+    """
+    return KVBatchMeta(partition_id=partition_id, keys=list(keys), tags=list(tags))
+
+
+def field_list(value: Any) -> list[Any]:
+    """A non-tensor TransferQueue field (strings such as ``uid``) as a plain list.
+
+    ``kv_batch_get`` returns such a field as tensordict's ``LinkedList`` (a ``list``, no ``tolist``),
+    a ``NonTensorStack`` or a tensor, depending on how it was written.
+    """
+    if isinstance(value, list):
+        return list(value)
+    return list(value.tolist())
+
+
+def step_metrics(tags: list[dict[str, Any]], timing_raw: dict[str, float], global_steps: int, epoch: int,
+                 n_gpus: int) -> dict[str, float]:
+    """Step, epoch, timings, sequence lengths and throughput of a step, under verl's metric names."""
+    rows = [t for t in tags if not t.get("is_padding", False)] or list(tags)
+    out: dict[str, float] = {"training/global_step": global_steps, "training/epoch": epoch}
+    out.update({f"timing_s/{name}": float(value) for name, value in timing_raw.items()})
+    for name, key in (("prompt_length", "prompt_len"), ("response_length", "response_len")):
+        values = [float(t[key]) for t in rows if key in t]
+        if values:
+            out.update({f"{name}/mean": float(np.mean(values)), f"{name}/max": max(values), f"{name}/min": min(values)})
+    tokens = sum(int(t["seq_len"]) for t in rows)
+    out["perf/total_num_tokens"] = float(tokens)
+    if timing_raw.get("step"):
+        out["perf/time_per_step"] = float(timing_raw["step"])
+        out["perf/throughput"] = tokens / timing_raw["step"] / max(1, n_gpus)
+    return out
 
 
 def tq_fields(fields: dict[str, Any], batch_size: int) -> Any:

