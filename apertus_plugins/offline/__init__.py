@@ -6,9 +6,12 @@
     report = tokenize(TokenizeConfig("pretrain", ["images/"], out="data/images",
                                      tokenizer="tok/", checkpoint="ckpt/"))
 
-The stages (see each module): :mod:`.sources` (inputs and header-only shapes), :mod:`.plan`
-(the deterministic, shape-uniform batches), :mod:`.worker` (a batch: decode, encode, write its
-shards, checkpoint), :mod:`.run` (local processes or Ray, resume, merge, manifest, report).
+The stages (see each module): :mod:`.sources` (inputs, planning shards, header-only shapes),
+:mod:`.plan` (the deterministic, shape-uniform batches as per-shard files), :mod:`.worker` (the
+tasks: plan a shard, decode / encode / write a batch, merge a part), :mod:`.execute` (in process,
+local processes, or Ray tasks and encoder actors), :mod:`.run` (the driver: resume, merge,
+manifest, report), :mod:`.progress` (items/s, encoder utilisation, skips, ETA) and
+:mod:`.storage` (local paths and fsspec URLs).
 """
 
 from .config import IMAGE_LAYOUT_DEFAULT, TokenizeConfig

@@ -1,10 +1,14 @@
 """The settings of one offline tokenization run, and what of them decides the output bytes.
 
 A :class:`TokenizeConfig` holds everything ``apertus tokenize`` takes. Its :meth:`fingerprint`
-covers exactly the settings that change what is written (inputs, tokenizer, encoder checkpoint,
-layouts, policies, batching); the settings that only change how the work is scheduled (worker
-count, a Ray address, the device, progress bars) are left out, so a run resumed with a different
-worker count or on a Ray cluster continues the same plan and writes the same bytes.
+covers exactly the settings that change what is written or how it is planned (inputs, tokenizer,
+encoder checkpoint, layouts, policies, batching, planning shards, the merge); the settings that
+only change how the work is scheduled (worker count, a Ray address, encoder actors, the device,
+progress bars) are left out, so a run resumed with a different worker count or on a Ray cluster
+continues the same plan and writes the same bytes.
+
+``sources``, ``out`` and ``work_dir`` may be URLs of any fsspec filesystem (:mod:`.storage`);
+the tokenizer and the checkpoint are local folders (on every node of a Ray cluster).
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KINDS", "IMAGE_LAYOUT_DEFAULT", "AUDIO_TASKS", "CAPTIONS", "Stream", "TokenizeConfig", "default_workers"]
+from .storage import canonical, normalize
+
+__all__ = ["KINDS", "IMAGE_LAYOUT_DEFAULT", "AUDIO_TASKS", "CAPTIONS", "MERGES", "DEVICES", "Stream", "TokenizeConfig",
+           "default_workers"]
 
 #: What a run produces: ``pretrain`` (one media item per document) or ``sft`` (one conversation).
 KINDS = ("pretrain", "sft")
@@ -32,6 +39,18 @@ AUDIO_TASKS = ("auto", "audio", "transcribe", "translate", "annotate")
 
 #: Where a caption goes in a pretraining image document.
 CAPTIONS = ("after", "before", "ignore")
+
+#: What the merge writes: ``single`` (one dataset per stream, ``OUT.bin``/``.idx``, as before) or
+#: ``parts`` (one dataset per plan part, ``OUT.partNNNNNN.bin``/``.idx``, merged in parallel and
+#: listed in order in the manifest; no pass over all the data on one node).
+MERGES = ("single", "parts")
+
+#: Encoder devices: ``auto`` (CUDA when the machine or the Ray cluster has a GPU, else CPU).
+DEVICES = ("auto", "cpu", "cuda")
+
+#: Files of a folder per planning shard, and bytes of a JSONL file per planning shard.
+PLAN_FILES_DEFAULT = 4096
+PLAN_BYTES_DEFAULT = 256 * 2**20
 
 
 def default_workers() -> int:
@@ -70,7 +89,11 @@ class TokenizeConfig:
         batch_size / batch_codes: the most items and media codes per batch.
         window: consecutive source items grouped by shape together (pretrain).
         precision: the encoders' precision contract (``float32`` or ``tf32``).
-        workers / ray_address / device / progress / keep_work / restart: how the run is executed.
+        plan_files / plan_bytes: the planning shards: files of a folder, bytes of a JSONL file.
+        merge: ``single`` or ``parts`` (see :data:`MERGES`).
+        workers / ray_address / encoders / device / progress / keep_work / restart / plan_only: how
+            the run is executed (``encoders``: encoder actors on Ray, 0 for one per GPU or per two
+            CPUs; ``plan_only``: stop after the plan, keeping the work directory).
     """
 
     kind: str
@@ -93,15 +116,21 @@ class TokenizeConfig:
     batch_codes: int = 65536
     window: int = 4096
     precision: str = "float32"
+    plan_files: int = PLAN_FILES_DEFAULT
+    plan_bytes: int = PLAN_BYTES_DEFAULT
+    merge: str = "single"
     # execution only: never part of the fingerprint
     workers: int = field(default_factory=default_workers)
     ray_address: str | None = None
-    device: str = "cpu"
+    encoders: int = 0
+    device: str = "auto"
     progress: bool = True
     keep_work: bool = False
     restart: bool = False
+    plan_only: bool = False
 
-    _EXECUTION = ("workers", "ray_address", "device", "progress", "keep_work", "restart", "work_dir")
+    _EXECUTION = ("workers", "ray_address", "encoders", "device", "progress", "keep_work", "restart", "work_dir",
+                  "plan_only")
 
     def __post_init__(self) -> None:
         from ..media.audio import AUDIO_POLICIES
@@ -121,11 +150,19 @@ class TokenizeConfig:
             raise ValueError(f"unknown audio task {self.audio_task!r}; tasks are {', '.join(AUDIO_TASKS)}")
         if self.captions not in CAPTIONS:
             raise ValueError(f"unknown caption placement {self.captions!r}; choose {', '.join(CAPTIONS)}")
-        for name in ("batch_size", "batch_codes", "window"):
+        for name in ("batch_size", "batch_codes", "window", "plan_files", "plan_bytes"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.workers < 0:
             raise ValueError(f"workers must be 0 (in this process) or more, got {self.workers}")
+        if self.encoders < 0:
+            raise ValueError(f"encoders must be 0 (one per GPU, or per two CPUs) or more, got {self.encoders}")
+        if self.merge not in MERGES:
+            raise ValueError(f"unknown merge {self.merge!r}; choose {', '.join(MERGES)}")
+        if self.device.split(":", 1)[0] not in DEVICES:
+            raise ValueError(f"unknown device {self.device!r}; devices are auto, cpu, cuda and cuda:N")
+        if self.precision == "tf32" and self.device == "cpu":
+            raise ValueError("--precision tf32 needs a CUDA device; use float32 on CPU")
         if self.kind == "pretrain" and (self.without_reasoning or self.mask_stream):
             raise ValueError("--without-reasoning and --mask-stream apply to sft runs only")
         if not Path(self.tokenizer, "tokenizer.json").is_file():
@@ -135,9 +172,9 @@ class TokenizeConfig:
 
     # ------------------------------------------------------------------ paths
     @property
-    def work(self) -> Path:
-        """The work directory: plan, shards, batch records, lock."""
-        return Path(self.work_dir) if self.work_dir else Path(f"{self.out}.work")
+    def work(self) -> str:
+        """The work directory (a path or a URL): plan, shards, batch records, lock."""
+        return self.work_dir if self.work_dir else f"{self.out}.work"
 
     def streams(self) -> list[Stream]:
         """The datasets this run writes, the main one first."""
@@ -153,28 +190,32 @@ class TokenizeConfig:
 
     def prefix(self, stream: Stream) -> str:
         """The stream's dataset prefix, normalized as Megatron's preflight compares prefixes."""
-        return os.path.normpath(f"{self.out}{stream.suffix}")
+        return normalize(f"{self.out}{stream.suffix}")
+
+    def part_prefix(self, part: int, stream: Stream) -> str:
+        """With ``merge="parts"``: the stream's dataset of one plan part."""
+        return normalize(f"{self.out}.part{part:06d}{stream.suffix}")
 
     def manifests(self) -> dict[str, list[Stream]]:
         """Manifest file -> the streams it lists: each token dataset with its mask stream (used together)."""
         out: dict[str, list[Stream]] = {}
         for s in self.streams():
             base = s.suffix.removesuffix(".mask")
-            out.setdefault(os.path.normpath(f"{self.out}{base}") + ".manifest.json", []).append(s)
+            out.setdefault(normalize(f"{self.out}{base}") + ".manifest.json", []).append(s)
         return out
 
     @property
-    def report_path(self) -> Path:
-        return Path(f"{self.out}.report.json")
+    def report_path(self) -> str:
+        return f"{self.out}.report.json"
 
     # ------------------------------------------------------------------ identity
     def settings(self) -> dict[str, Any]:
         """The output-deciding settings (JSON-ready)."""
         data = {k: v for k, v in asdict(self).items() if k not in self._EXECUTION}
-        data["sources"] = [os.path.abspath(s) for s in self.sources]
+        data["sources"] = [canonical(s) for s in self.sources]
         data["tokenizer"] = os.path.abspath(self.tokenizer)
         data["checkpoint"] = os.path.abspath(self.checkpoint) if self.checkpoint else None
-        data["media_root"] = os.path.abspath(self.media_root) if self.media_root else None
+        data["media_root"] = canonical(self.media_root) if self.media_root else None
         return data
 
     def fingerprint(self) -> dict[str, Any]:

@@ -21,15 +21,26 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MediaEncoders"]
+__all__ = ["MediaEncoders", "resolve_device"]
+
+
+def resolve_device(device: str) -> str:
+    """``auto``: ``cuda`` when torch sees a GPU, else ``cpu``; any other device is returned as given."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 class MediaEncoders:
     """Encoders of one checkpoint, loaded on first use of each modality.
 
+    Each modality's encoder is loaded once per instance (``loads`` counts the loads).
+
     Args:
         checkpoint: a released-layout checkpoint directory (``config.json`` + safetensors).
-        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
+        device: ``"auto"`` (see :func:`resolve_device`), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         precision: ``"float32"`` or ``"tf32"`` (CUDA only): the encoders' precision contract.
         batch_size: most items per forward pass.
     """
@@ -37,10 +48,15 @@ class MediaEncoders:
     def __init__(self, checkpoint: str | None, device: str = "cpu", precision: str = "float32",
                  batch_size: int = 32) -> None:
         self.checkpoint = checkpoint
-        self.device = device
+        self.device = resolve_device(device)
         self.precision = precision
         self.batch_size = batch_size
         self._models: dict[str, Any] = {}
+        self.loads = 0
+
+    def load(self, modality: str) -> None:
+        """Load a modality's encoder now (the first :meth:`encode` of it would)."""
+        self._model(modality)
 
     def _model(self, modality: str) -> Any:
         if modality in self._models:
@@ -55,6 +71,7 @@ class MediaEncoders:
             raise ValueError(f"no encoder for modality {modality!r} (the pipeline encodes image and audio)")
         model = loaders[modality](self.checkpoint, device=self.device, precision=self.precision)
         self._models[modality] = model
+        self.loads += 1
         return model
 
     def encode(self, modality: str, arrays: list[np.ndarray]) -> list[np.ndarray]:

@@ -1,68 +1,74 @@
-"""The driver: plan (or resume), run the batches on local processes or Ray, merge, manifest, report.
+"""The driver: list, plan, encode and merge as parallel tasks (or resume them); manifest and report.
 
-Layout on disk for ``--out OUT``::
+Layout on disk for ``--out OUT`` (a local path or a URL of any fsspec filesystem)::
 
     OUT.bin, OUT.idx                 the merged dataset (int32 ids, one sequence per document)
-    OUT.manifest.json                the core's manifest of OUT, with how it was made under "metadata"
+    OUT.partNNNNNN.bin/.idx          --merge parts: one dataset per plan part instead, in order
+    OUT.manifest.json                the core's manifest of OUT (or of its parts, in order), with how
+                                     it was made under "metadata"
     OUT.mask.bin/.idx                sft, --mask-stream: the token-aligned loss mask (uint8), in OUT's manifest
     OUT.noreason.bin/.idx            sft, --without-reasoning: the copy without reasoning spans
     OUT.noreason.mask.bin/.idx       both of the above
     OUT.noreason.manifest.json       the copy's manifest (with its mask stream)
-    OUT.report.json                  the summary report (items written, skipped with reasons, tokens)
+    OUT.report.json                  the summary report (items written, skipped with reasons, tokens, timing)
     OUT.work/                        while running (removed after success unless --keep-work):
-        lock                         held by the running driver (flock)
+        lock                         held by the running driver (flock; local work directories)
         config.json                  the run's settings, read by every worker
-        plan.json                    the deterministic plan: fingerprint, batches (written last, reused on resume)
-        batches.jsonl, inputs.json   each batch's items (a worker reads its own line); the input files' stats
-        shards/NNNN/bNNNNNNN*.bin/.idx   one Megatron indexed dataset per batch and stream
-        records/bNNNNNNN.json        a batch's checkpoint: written last, after its shards
+        progress.json                the progress view (items/s, encoder utilisation, skips, ETA)
+        plan/, plan.json             the plan, as per-shard files (see :mod:`.plan`)
+        shards/pNNNNNN/bNNNNNNN*.bin/.idx    one Megatron indexed dataset per batch and stream
+        records/pNNNNNN/bNNNNNNN.json        a batch's checkpoint: written last, after its shards
+        merged/pNNNNNN*.bin/.idx, .json      a part's merged shards and its record (--merge single)
 
-A run killed at any point is resumed by running the same command again: the plan is read back
-(after checking that settings and inputs are unchanged), finished batches are kept, the others
-are redone, and the merge starts over. The merged bytes depend only on the plan, so they equal
-those of an uninterrupted run with any worker count, local or on Ray.
+The stages, each a set of independent tasks that a resumed run skips where they finished:
+listing (the driver streams the inputs into planning shards), scanning and batching (a task per
+shard), encoding (a task, or a decode task, an encoder actor call and a write task, per batch)
+and merging (a task per part, then, for a single output, one concatenation of the parts). The
+merged bytes depend only on the plan, so they equal those of an uninterrupted run with any worker
+count, local or on Ray. No process holds the plan whole: the driver holds a table with a row per
+shard, and each task reads only its own slice.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import fcntl
+import hashlib
+import json
 import os
-import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import asdict
-from pathlib import Path
+from collections.abc import Iterator
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
 
-from .config import TokenizeConfig
-from .plan import Plan, load_json, make_batches, save_json
-from .sources import input_listing, scan_pretrain, scan_sft
-from .worker import PGID_ENV, fault_point, record_path, run_batch, shard_prefix
+from . import storage
+from .config import TokenizeConfig, canonical_json
+from .execute import Executor, RunError, make_executor
+from .plan import PLAN_FORMAT, PLAN_VERSION, BatchRef, Layout, part_windows
+from .progress import Progress, bar
+from .sources import list_shards
+from .worker import count_lines, fault_point, megatron_builder, merge_part, peak_rss_mb, plan_part, plan_shard
 
 __all__ = ["REPORT_FORMAT", "RunError", "tokenize", "format_report"]
 
 REPORT_FORMAT = "apertus-tokenize-report"
-
-
-class RunError(ValueError):
-    """A run that cannot start or continue (another run holds the work dir, changed inputs...)."""
-
-
-def _tqdm(progress: bool, **kw: Any) -> Any:
-    from tqdm import tqdm
-
-    return tqdm(disable=not progress, dynamic_ncols=True, file=sys.stderr, **kw)
+REPORT_VERSION = 2
 
 
 @contextlib.contextmanager
-def _lock(work: Path) -> Iterator[None]:
-    work.mkdir(parents=True, exist_ok=True)
-    fh = open(work / "lock", "a+")  # noqa: SIM115 (closed below)
+def _lock(work: str) -> Iterator[None]:
+    if not storage.is_local(work):  # object stores have no locks: one run per work directory
+        storage.makedirs(work)
+        yield
+        return
+    path = storage.local_path(work)
+    os.makedirs(path, exist_ok=True)
+    fh = open(os.path.join(path, "lock"), "a+")  # noqa: SIM115 (closed below)
     try:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -71,22 +77,6 @@ def _lock(work: Path) -> Iterator[None]:
         yield
     finally:
         fh.close()
-
-
-# ---------------------------------------------------------------------- planning
-def _scan(cfg: TokenizeConfig) -> Plan:
-    with _tqdm(cfg.progress, desc="plan", unit=" file" if cfg.kind == "pretrain" else " line") as bar:
-        if cfg.kind == "pretrain":
-            items, skips, files = scan_pretrain(cfg.sources, cfg.resize_policy, cfg.audio_policy, bar.update)
-        else:
-            items, skips, files = scan_sft(cfg.sources, cfg.media_root, cfg.resize_policy, cfg.audio_policy, bar.update)
-    if cfg.checkpoint is None and any(it.media for it in items):
-        kinds = sorted({m.kind for it in items for m in it.media})
-        raise RunError(f"the inputs hold {' and '.join(kinds)} items: pass --checkpoint DIR (the media encoders)")
-    batches = make_batches(items, cfg.kind, cfg.batch_size, cfg.batch_codes, cfg.window)
-    plan = Plan(cfg.fingerprint(), input_listing(files), skips, batches, len(items))
-    plan.save(cfg.work, items)
-    return plan
 
 
 def _diff(a: Any, b: Any, path: str = "") -> list[str]:
@@ -98,161 +88,368 @@ def _diff(a: Any, b: Any, path: str = "") -> list[str]:
     return [] if a == b else [path]
 
 
-def _check_unchanged(plan: Plan, cfg: TokenizeConfig, where: str) -> None:
-    keys = _diff(plan.fingerprint, cfg.fingerprint())
+def _check_settings(found: dict[str, Any], cfg: TokenizeConfig, where: str) -> None:
+    keys = _diff(found, cfg.fingerprint())
     if keys:
         raise RunError(f"{where} was made with other settings ({', '.join(keys[:6])} differ); run with the same "
                        "settings to resume it, or pass --restart to discard it")
-    now = input_listing([f for f, _s, _m in plan.inputs])
-    changed = [f for (f, *old), (_f, *new) in zip(plan.inputs, now, strict=True) if old != new]
-    if changed:
-        raise RunError(f"{len(changed)} input file(s) changed since {where} was made (e.g. {changed[0]}); "
-                       "pass --restart to plan again")
 
 
-def _load_or_plan(cfg: TokenizeConfig) -> tuple[Plan, bool, float]:
-    work = cfg.work
-    t0 = time.perf_counter()
-    plan_file = work / "plan.json"
-    if plan_file.is_file():
-        plan = Plan.load(work)
-        _check_unchanged(plan, cfg, str(plan_file))
-        return plan, True, time.perf_counter() - t0
-    for sub in ("shards", "records"):  # leftovers without a plan cannot be trusted
-        shutil.rmtree(work / sub, ignore_errors=True)
-    return _scan(cfg), False, time.perf_counter() - t0
+def _memory_check(cfg: TokenizeConfig) -> None:
+    urls = [*cfg.sources, cfg.out, cfg.work]
+    if any(storage.protocol(u) == "memory" for u in urls) and (cfg.workers or cfg.ray_address):
+        raise RunError("memory:// is a filesystem inside one process: run with --workers 0")
 
 
-# ---------------------------------------------------------------------- execution
-def _execute(cfg: TokenizeConfig, todo: list[int], on_done: Callable[[dict[str, Any]], None]) -> None:
-    work = str(cfg.work)
-    if not todo:
-        return
-    if cfg.ray_address:
-        _execute_ray(cfg, work, todo, on_done)
-    elif cfg.workers == 0:
-        for b in todo:
-            on_done(run_batch(work, b))
-    else:
-        _execute_local(cfg, work, todo, on_done)
+# ---------------------------------------------------------------------- listing
+def _listing_lines(cfg: TokenizeConfig) -> Iterator[bytes]:
+    for spec in list_shards(cfg.kind, cfg.sources, cfg.plan_files, cfg.plan_bytes):
+        yield (canonical_json(spec) + "\n").encode("utf-8")
 
 
-def _init_worker(pgid: int, threads: int) -> None:
-    """A local worker process: the run's process group (for the fault hook) and its share of the CPUs."""
-    os.environ[PGID_ENV] = str(pgid)
-    os.environ["APERTUS_TOKENIZE_THREADS"] = str(threads)
+def _list(cfg: TokenizeConfig, layout: Layout) -> dict[str, Any]:
+    """The planning shards of the inputs (``plan/shards.jsonl``), or a check that an earlier listing still holds."""
+    if storage.isfile(layout.listing):
+        listing = storage.read_json(layout.listing)
+        _check_settings(listing["fingerprint"], cfg, layout.listing)
+        digest = hashlib.sha256()
+        with storage.open_read(layout.shards) as fh:
+            old = iter(fh)
+            for n, line in enumerate(_listing_lines(cfg)):
+                digest.update(line)
+                before = next(old, b"")
+                if line != before:
+                    raise RunError(f"the inputs changed since {layout.listing} was made (planning shard {n}: "
+                                   f"{_first_change(before, line)}); pass --restart to plan again")
+            if next(old, None) is not None:
+                raise RunError(f"the inputs changed since {layout.listing} was made (fewer files now); pass "
+                               "--restart to plan again")
+        return {**listing, "resumed": True}
+    for sub in ("plan", "shards", "records", "merged"):  # leftovers without a listing cannot be trusted
+        storage.remove(layout.path(sub), recursive=True)
+    storage.remove(layout.plan)
+    digest = hashlib.sha256()
+    shards = files = 0
+    with bar(cfg.progress, desc="list", unit=" shard") as b, storage.AtomicWriter(layout.shards) as out:
+        for line in _listing_lines(cfg):
+            out.write(line)
+            digest.update(line)
+            shards += 1
+            spec = json.loads(line)
+            files += len(spec["files"]) if spec["kind"] == "files" else 1
+            b.update(1)
+    listing = {"fingerprint": cfg.fingerprint(), "shards": shards, "files": files, "sha256": digest.hexdigest()}
+    storage.write_json(layout.listing, listing)
+    return {**listing, "resumed": False}
 
 
-def _execute_local(cfg: TokenizeConfig, work: str, todo: list[int], on_done: Callable[[dict[str, Any]], None]) -> None:
-    import multiprocessing
-    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
-
-    n = min(cfg.workers, len(todo))
-    threads = max(1, (os.cpu_count() or 1) // n)
-    # spawn: the driver may have imported torch (megatron-core's builder); forking it is unsafe
-    with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_init_worker, initargs=(os.getpgrp(), threads)) as ex:
-        futures = {ex.submit(run_batch, work, b): b for b in todo}
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
-            for f in done:
-                exc = f.exception()
-                if exc is not None:
-                    for p in pending:
-                        p.cancel()
-                    raise RunError(f"batch {futures[f]} failed: {type(exc).__name__}: {exc} (finished batches are "
-                                   "kept; run the same command again to resume)") from exc
-                on_done(f.result())
-
-
-def _execute_ray(cfg: TokenizeConfig, work: str, todo: list[int], on_done: Callable[[dict[str, Any]], None]) -> None:
-    """Each batch is a Ray task; Ray schedules them over the cluster's CPUs (or GPUs with --device cuda)."""
-    import ray
-
-    ray.init(address=cfg.ray_address, log_to_driver=False, ignore_reinit_error=True)
+def _first_change(before: bytes, now: bytes) -> str:
+    """The first file whose listing entry differs between two versions of a shard spec."""
     try:
-        resources = {"num_gpus": 1} if cfg.device.startswith("cuda") else {"num_cpus": 1}
-        task = ray.remote(max_retries=2, **resources)(run_batch)
-        cap = max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
-        queue = list(todo)
-        pending: dict[Any, int] = {}
-        while queue or pending:
-            while queue and len(pending) < cap:
-                b = queue.pop(0)
-                pending[task.remote(work, b)] = b
-            done, _ = ray.wait(list(pending), num_returns=1)
-            ref = done[0]
-            b = pending.pop(ref)
-            try:
-                on_done(ray.get(ref))
-            except Exception as exc:
-                raise RunError(f"batch {b} failed on the Ray cluster: {exc} (finished batches are kept; run the "
-                               "same command again to resume)") from exc
-    finally:
-        ray.shutdown()
+        a, b = json.loads(before), json.loads(now)
+    except ValueError:
+        return "its listing differs"
+    fa = a.get("files") or [[a.get("path"), a.get("name"), a.get("stamp")]]
+    fb = b.get("files") or [[b.get("path"), b.get("name"), b.get("stamp")]]
+    for x, y in zip(fa, fb, strict=False):
+        if x != y:
+            return f"e.g. {x[1] if x else y[1]} changed"
+    return f"e.g. {(fa or fb)[-1][1]} was added or removed"
+
+
+# ---------------------------------------------------------------------- planning
+def _plan(cfg: TokenizeConfig, layout: Layout, ex: Executor) -> tuple[dict[str, Any], dict[str, Any]]:
+    t0 = time.perf_counter()
+    listing = _list(cfg, layout)
+    if storage.isfile(layout.plan):
+        plan = storage.read_json(layout.plan)
+        if plan.get("format") != PLAN_FORMAT or plan.get("version") != PLAN_VERSION:
+            raise RunError(f"{layout.plan}: not a version-{PLAN_VERSION} {PLAN_FORMAT} file; pass --restart")
+        _check_settings(plan["fingerprint"], cfg, layout.plan)
+        _check_referenced(plan["referenced"], layout.plan)
+        info = {"plan_s": time.perf_counter() - t0, "plan_resumed": True, "shards_resumed": plan["shards"],
+                "peak_rss_mb": 0.0}
+        return plan, info
+    n = listing["shards"]
+    counts = [0] * n
+    media: Counter[str] = Counter()
+    skipped = 0
+    referenced: dict[str, list[Any]] = {}
+    resumed = 0
+    rss = 0.0
+    planned = 0
+
+    # JSONL files cut into several ranges: the lines before each range (a range's names need them)
+    splits: dict[str, list[int]] = {}
+    starts_todo = []
+    for s, spec in enumerate(layout.iter_shards()):
+        if spec["kind"] == "jsonl" and spec["parts"] > 1 and not storage.isfile(layout.scan_summary(s)):
+            starts_todo.append(spec["path"])
+    if starts_todo:
+        wanted = set(starts_todo)
+        calls = [((spec["path"], spec["part"]), (spec["path"], *spec["range"])) for spec in layout.iter_shards()
+                 if spec["kind"] == "jsonl" and spec["path"] in wanted and spec["part"] < spec["parts"] - 1]
+
+        def got_lines(key: tuple[str, int], lines: int) -> None:
+            path, part = key
+            splits.setdefault(path, [0] * (part + 1))
+            while len(splits[path]) <= part:
+                splits[path].append(0)
+            splits[path][part] = lines
+
+        ex.map(count_lines, calls, got_lines, "counting the lines of")
+
+    with bar(cfg.progress, desc="plan", unit=" shard", total=n) as b:
+        t_scan = time.perf_counter()
+
+        def scanned(s: int, summary: dict[str, Any]) -> None:
+            nonlocal skipped, resumed, rss, planned
+            counts[s] = summary["items"]
+            planned += summary["items"]
+            media.update(summary["media"])
+            skipped += len(summary["skipped"])
+            for r in summary["referenced"]:
+                referenced.setdefault(r[0], r)
+            rss = max(rss, summary["worker"]["peak_rss_mb"])
+            b.update(1)
+            b.set_postfix_str(f"{planned:,} items, {planned / max(time.perf_counter() - t_scan, 1e-9):,.0f} items/s",
+                              refresh=False)
+
+        # a finished shard keeps its summary: read it here rather than sending a task
+        def todo() -> Iterator[tuple[int, tuple[Any, ...]]]:
+            nonlocal resumed
+            for s, spec in enumerate(layout.iter_shards()):
+                if storage.isfile(layout.scan_summary(s)):
+                    resumed += 1
+                    scanned(s, storage.read_json(layout.scan_summary(s)))
+                    continue
+                if spec["kind"] == "jsonl" and spec["part"]:
+                    spec = dict(spec, first_line=1 + sum(splits[spec["path"]][: spec["part"]]))
+                yield s, (layout.work, s, spec)
+
+        ex.map(plan_shard, todo(), scanned, "planning shard")
+    scan_s = time.perf_counter() - t_scan
+    if cfg.checkpoint is None and media:
+        raise RunError(f"the inputs hold {' and '.join(sorted(media))} items: pass --checkpoint DIR (the media "
+                       "encoders)")
+    starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()
+    total = starts[-1]
+
+    def part_args(p: int) -> tuple[Any, ...]:
+        if cfg.kind == "sft":
+            return layout.work, p, [[p, starts[p], counts[p]]], None
+        window = part_windows(starts[p], counts[p], total, cfg.window)
+        if window is None:
+            return layout.work, p, [], None
+        lo, hi = window
+        first = bisect.bisect_right(starts, lo) - 1
+        shards = [[s, starts[s], counts[s]] for s in range(first, n) if starts[s] < hi and counts[s]]
+        return layout.work, p, shards, list(window)
+
+    parts: list[list[int]] = [[0, 0, 0] for _ in range(n)]
+    with bar(cfg.progress, desc="batch", unit=" part", total=n) as b:
+        def batched(p: int, summary: dict[str, Any]) -> None:
+            nonlocal rss
+            parts[p] = [0, summary["batches"], summary["items"]]
+            rss = max(rss, summary["worker"]["peak_rss_mb"])
+            b.update(1)
+
+        def todo_parts() -> Iterator[tuple[int, tuple[Any, ...]]]:
+            for p in range(n):
+                if storage.isfile(layout.part_summary(p)):
+                    batched(p, storage.read_json(layout.part_summary(p)))
+                else:
+                    yield p, part_args(p)
+
+        ex.map(plan_part, todo_parts(), batched, "batching part")
+    first = 0
+    for row in parts:
+        row[0] = first
+        first += row[1]
+    if sum(row[2] for row in parts) != total:
+        raise RunError(f"{layout.work}: the plan's parts hold {sum(row[2] for row in parts)} items, the scan found "
+                       f"{total}; pass --restart")
+    plan = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "fingerprint": cfg.fingerprint(), "kind": cfg.kind,
+            "shards": n, "files": listing["files"], "listing_sha256": listing["sha256"], "total_items": total,
+            "plan_skipped": skipped, "media": dict(sorted(media.items())), "batches": first, "parts": parts,
+            "referenced": list(referenced.values())}
+    storage.write_json(layout.plan, plan)
+    info = {"plan_s": time.perf_counter() - t0, "plan_resumed": False, "shards_resumed": resumed,
+            "scan_s": round(scan_s, 3), "scan_items_per_s": round(total / scan_s, 1) if scan_s > 0 else 0.0,
+            "peak_rss_mb": rss}
+    return plan, info
+
+
+def _plan_summary(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], info: dict[str, Any],
+                  out: Any) -> dict[str, Any]:
+    """``--plan-only``: what the plan holds and what planning cost (printed and returned)."""
+    skipped = Counter[str]()
+    for s in range(plan["shards"]):
+        skipped.update(k["reason"] for k in storage.read_json(layout.scan_summary(s))["skipped"])
+    summary = {"work": cfg.work, "shards": plan["shards"], "files": plan["files"], "items": plan["total_items"],
+               "batches": plan["batches"], "parts": sum(1 for _f, n, _i in plan["parts"] if n),
+               "media": plan["media"], "skipped_by_reason": dict(sorted(skipped.items())),
+               "plan_s": round(info["plan_s"], 3), "plan_resumed": info["plan_resumed"],
+               "scan_items_per_s": info.get("scan_items_per_s"),
+               "peak_rss_mb": {"driver": peak_rss_mb(), "planning": info["peak_rss_mb"]}}
+    storage.write_json(layout.path("plan-summary.json"), summary)
+    print(f"planned {summary['items']:,} items from {summary['files']:,} files in {summary['shards']:,} shards: "
+          f"{summary['batches']:,} batches in {summary['parts']:,} parts, {sum(skipped.values()):,} skipped; "
+          f"{summary['plan_s']:.1f} s; the plan is in {cfg.work}", file=out)
+    return summary
+
+
+def _check_referenced(referenced: list[list[Any]], where: str) -> None:
+    """Media files named by conversations: each still has the size and stamp the plan saw."""
+    for path, *old in referenced:
+        if storage.stamp(path) != old:
+            raise RunError(f"1 input file changed since {where} was made (e.g. {path}); pass --restart to plan again")
+
+
+# ---------------------------------------------------------------------- encoding
+def _done_batches(layout: Layout, part: int) -> set[int]:
+    return {int(n[1:8]) for n in storage.listdir(layout.record_dir(part)) if n.startswith("b") and n.endswith(".json")}
+
+
+def _encode(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], ex: Executor) -> dict[str, Any]:
+    if storage.is_local(layout.work):  # a batch killed mid-write leaves temporary files: never trusted
+        shards = storage.local_path(layout.path("shards"))
+        for root, _dirs, names in os.walk(shards):
+            for name in names:
+                if ".tmp" in name:
+                    os.unlink(os.path.join(root, name))
+    done_items = done_batches = 0
+    todo_parts = []
+    for p, (_first, n, _items) in enumerate(plan["parts"]):
+        if not n:
+            continue
+        done = _done_batches(layout, p)
+        if len(done) < n:
+            todo_parts.append(p)
+        if done:
+            lines = storage.read_json(layout.part_summary(p))["lines"]
+            done_items += sum(lines[b - plan["parts"][p][0]][2] for b in done)
+            done_batches += len(done)
+
+    def refs() -> Iterator[BatchRef]:
+        for p in todo_parts:
+            first, n, _items = plan["parts"][p]
+            lines = storage.read_json(layout.part_summary(p))["lines"]
+            done = _done_batches(layout, p)
+            for k in range(n):
+                if first + k not in done:
+                    off, length, items = lines[k]
+                    yield BatchRef(first + k, p, k, off, length, items)
+
+    skipped = Counter[str]()
+    progress = Progress(layout.progress, plan["total_items"], done_items, ex.encoders, cfg.progress, skipped)
+    devices: set[str] = set()
+    rss = {"decode": 0.0, "encode": 0.0}
+    new = 0
+
+    def on_done(record: dict[str, Any]) -> None:
+        nonlocal new
+        new += 1
+        if record.get("device"):
+            devices.add(record["device"])
+        rss["decode"] = max(rss["decode"], record["worker"]["peak_rss_mb"])
+        if record.get("encoder"):
+            rss["encode"] = max(rss["encode"], record["encoder"]["peak_rss_mb"])
+        progress.update(record, len(record["items"]) + len(record["skipped"]))
+
+    t0 = time.perf_counter()
+    ex.batches(layout.work, refs(), on_done, encode=bool(plan["media"]))
+    stats = progress.close()
+    return {"encode_s": time.perf_counter() - t0, "batches_resumed": done_batches, "batches_run": new,
+            "devices": sorted(devices), "progress": stats, "peak_rss_mb": rss}
 
 
 # ---------------------------------------------------------------------- merge
-def _megatron_builder() -> Any:
-    import warnings
+def _merge_parts(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], ex: Executor) -> dict[str, Any]:
+    """Every part's batch shards merged by its own task; the sums of their records."""
+    calls = [(p, (layout.work, p, first, n)) for p, (first, n, _i) in enumerate(plan["parts"]) if n]
+    summaries: dict[int, dict[str, Any]] = {}
+    resumed = sum(1 for p, _a in calls if storage.isfile(layout.merged_record(p)))
+    with bar(cfg.progress, desc="merge", unit=" part", total=len(calls)) as b:
+        def merged(p: int, summary: dict[str, Any]) -> None:
+            summaries[p] = {k: v for k, v in summary.items() if k != "worker"}
+            summaries[p]["peak_rss_mb"] = summary["worker"]["peak_rss_mb"]
+            b.update(1)
 
-    with warnings.catch_warnings():  # megatron-core warns about optional fused kernels on import
-        warnings.simplefilter("ignore")
-        from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-    return IndexedDatasetBuilder
-
-
-def _merge(cfg: TokenizeConfig, plan: Plan, records: dict[int, dict[str, Any]]) -> None:
-    """Every stream's batch shards, in plan order, into one dataset written by megatron-core's builder."""
-    import torch
-
-    from ..indexed import IndexedDataset
-
-    IndexedDatasetBuilder = _megatron_builder()  # noqa: N806
-
-    work = cfg.work
-    docs = sum(r["documents"] for r in records.values())
-    streams = cfg.streams()
-    with _tqdm(cfg.progress, desc="merge", unit=" doc", total=docs * len(streams)) as bar:
-        for n, stream in enumerate(streams):
-            final = cfg.prefix(stream)
-            tmp = f"{final}.tmp"
-            Path(final).parent.mkdir(parents=True, exist_ok=True)
-            builder = IndexedDatasetBuilder(f"{tmp}.bin", dtype=np.dtype(stream.dtype).type)
-            appended = 0
-            for b in plan.batches:
-                if not records[b.id]["documents"]:
-                    continue
-                shard = IndexedDataset(shard_prefix(work, b.id, stream.suffix))
-                if shard.num_documents != records[b.id]["documents"]:
-                    raise RunError(f"{shard.prefix}: {shard.num_documents} documents, its record says "
-                                   f"{records[b.id]['documents']}")
-                for d in range(shard.num_documents):
-                    arr = np.array(shard.document(d))
-                    builder.add_document(torch.from_numpy(arr), [int(arr.size)])
-                bar.update(shard.num_documents)
-                appended += 1
-                if n == 0:
-                    fault_point("merge-mid", appended)
-            builder.finalize(f"{tmp}.idx")
-            for ext in (".bin", ".idx"):
-                with open(f"{tmp}{ext}", "rb") as fh:
-                    os.fsync(fh.fileno())
-            for ext in (".bin", ".idx"):
-                os.replace(f"{tmp}{ext}", f"{final}{ext}")
+        ex.map(merge_part, calls, merged, "merging part")
+    return {"parts": [summaries[p] for p in sorted(summaries)], "parts_resumed": resumed}
 
 
-def _check_layout(cfg: TokenizeConfig, spec: Any, limit: int = 64) -> str | None:
-    """The image layout found in the first documents with images (a mixed or foreign layout raises)."""
-    from ..indexed import IndexedDataset
-    from ..media.image import dataset_image_layouts
+def _concat(cfg: TokenizeConfig, layout: Layout, parts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``single``: the merged parts, in plan order, into one dataset per stream; their manifest entries."""
+    import shutil
+    import tempfile
 
-    found = dataset_image_layouts(IndexedDataset(cfg.out), spec, limit=limit)
+    from ..manifest import describe_dataset
+
+    builder_cls = megatron_builder()
+    written = [s["part"] for s in parts if s["documents"]]
+    docs = sum(s["documents"] for s in parts)
+    entries: dict[str, dict[str, Any]] = {}
+    tmp_dir = tempfile.mkdtemp(prefix="apertus-out-")
+    try:
+        with bar(cfg.progress, desc="write", unit=" doc", total=docs * len(cfg.streams())) as b:
+            for n, stream in enumerate(cfg.streams()):
+                final = cfg.prefix(stream)
+                local = storage.is_local(final)
+                target = f"{storage.local_path(final)}.tmp" if local else os.path.join(tmp_dir, f"out{n}")
+                if local:
+                    os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+                builder = builder_cls(f"{target}.bin", dtype=np.dtype(stream.dtype).type)
+                merged = [layout.merged_prefix(p, stream.suffix) for p in written]
+                with storage.local_copy([f"{m}{e}" for m in merged for e in (".bin", ".idx")]) as paths:
+                    for k, p in enumerate(written):
+                        builder.add_index(paths[2 * k][: -len(".bin")])
+                        b.update(next(s["documents"] for s in parts if s["part"] == p))
+                        if n == 0:
+                            fault_point("merge-mid", k + 1)
+                builder.finalize(f"{target}.idx")
+                for ext in (".bin", ".idx"):
+                    with open(f"{target}{ext}", "rb") as fh:
+                        os.fsync(fh.fileno())
+                if not local:
+                    entries[final] = dict(describe_dataset(target), prefix=final)
+                for ext in (".bin", ".idx"):
+                    storage.upload(f"{target}{ext}", f"{final}{ext}")
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    return entries
+
+
+def _check_layout(cfg: TokenizeConfig, parts: list[dict[str, Any]]) -> None:
+    """The image layout found in each part's first documents with images (a mixed or foreign layout raises)."""
+    found = {layout for s in parts for layout in s["layouts"]}
     if found - {cfg.image_layout}:
         raise RunError(f"{cfg.out}: documents use the {', '.join(sorted(found))} image layout, the run asked for "
                        f"{cfg.image_layout}")
-    return found.pop() if found else None
+
+
+def _manifests(cfg: TokenizeConfig, spec: Any, parts: list[dict[str, Any]], remote: dict[str, dict[str, Any]]) -> None:
+    from ..manifest import manifest_document, write_manifest
+
+    for path, streams in cfg.manifests().items():
+        if cfg.merge == "single" and storage.is_local(path):
+            write_manifest([cfg.prefix(s) for s in streams], storage.local_path(path),
+                           metadata={cfg.prefix(s): _metadata(cfg, s.suffix, spec) for s in streams})
+            continue
+        entries = []
+        if cfg.merge == "single":
+            for s in streams:
+                entries.append(dict(remote[cfg.prefix(s)], metadata=_metadata(cfg, s.suffix, spec)))
+        else:
+            by_prefix = {e["prefix"]: e for part in parts for e in part["entries"]}
+            for part in parts:
+                if not part["documents"]:
+                    continue
+                for s in streams:
+                    entry = by_prefix[cfg.part_prefix(part["part"], s)]
+                    entries.append(dict(entry, metadata=dict(_metadata(cfg, s.suffix, spec), part=part["part"])))
+        storage.write_json(path, manifest_document(entries), indent=2)
 
 
 def _metadata(cfg: TokenizeConfig, stream_suffix: str, spec: Any) -> dict[str, Any]:
@@ -285,25 +482,29 @@ def _metadata(cfg: TokenizeConfig, stream_suffix: str, spec: Any) -> dict[str, A
 
 
 # ---------------------------------------------------------------------- report
-def _report(cfg: TokenizeConfig, plan: Plan, records: dict[int, dict[str, Any]], spec: Any,
+def _report(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], parts: list[dict[str, Any]], spec: Any,
             timing: dict[str, Any]) -> dict[str, Any]:
     from ..plugins import serving_layout
 
-    skipped = [asdict(s) for s in plan.skipped]
-    for b in plan.batches:
-        skipped.extend(records[b.id]["skipped"])
-    written = sum(r["documents"] for r in records.values())
+    skipped: list[dict[str, Any]] = []
+    for s in range(plan["shards"]):
+        skipped.extend(storage.read_json(layout.scan_summary(s))["skipped"])
+    for part in parts:
+        skipped.extend(part["skipped"])
+    written = sum(p["documents"] for p in parts)
     names = spec.modality_names
     outputs: dict[str, Any] = {}
     for s in cfg.streams():
         entry: dict[str, Any] = {"documents": written, "dtype": s.dtype, "what": s.what}
         if s.dtype == "int32":
-            tok = {n: sum(r["tokens"].get(s.suffix, {}).get(n, 0) for r in records.values()) for n in names}
+            tok = {n: sum(p["tokens"].get(s.suffix, {}).get(n, 0) for p in parts) for n in names}
             entry["tokens"] = dict(tok, total=sum(tok.values()))
+        if cfg.merge == "parts":
+            entry["parts"] = [cfg.part_prefix(p["part"], s) for p in parts if p["documents"]]
         outputs[cfg.prefix(s)] = entry
-    media = Counter()
-    for r in records.values():
-        media.update(r.get("media", {}))
+    media: Counter[str] = Counter()
+    for p in parts:
+        media.update(p["media"])
     serving = serving_layout("image")
     note = None
     if media.get("image") and cfg.image_layout != serving:
@@ -312,19 +513,20 @@ def _report(cfg: TokenizeConfig, plan: Plan, records: dict[int, dict[str, Any]],
                 f"{serving} for data that matches serving.")
     return {
         "format": REPORT_FORMAT,
-        "version": 1,
+        "version": REPORT_VERSION,
         "kind": cfg.kind,
         "outputs": outputs,
-        "items": {"total": plan.total_items + len(plan.skipped), "written": written, "skipped": len(skipped)},
+        "items": {"total": plan["total_items"] + plan["plan_skipped"], "written": written, "skipped": len(skipped)},
         "skipped_by_reason": dict(sorted(Counter(s["reason"] for s in skipped).items())),
         "skipped": skipped,
-        "tokens": outputs[cfg.out].get("tokens", {}),
+        "tokens": outputs[cfg.prefix(cfg.streams()[0])].get("tokens", {}),
         "media": dict(sorted(media.items())),
         "image_layout": cfg.image_layout,
         "layout_note": note,
         "run": timing,
-        "fingerprint": plan.fingerprint,
-        "inputs": plan.inputs,
+        "fingerprint": plan["fingerprint"],
+        "inputs": {"shards": plan["shards"], "files": plan["files"], "listing_sha256": plan["listing_sha256"],
+                   "referenced": plan["referenced"]},
     }
 
 
@@ -335,7 +537,8 @@ def format_report(report: dict[str, Any], limit: int = 20) -> str:
     for prefix, o in report["outputs"].items():
         tok = o.get("tokens", {})
         extra = f", {tok.get('total', 0):,} tokens" if tok else ""
-        lines.append(f"wrote {prefix}.bin/.idx: {o['documents']:,} documents{extra} ({o['what']})")
+        where = f"{len(o['parts'])} parts {prefix}.partNNNNNN" if "parts" in o else prefix
+        lines.append(f"wrote {where}.bin/.idx: {o['documents']:,} documents{extra} ({o['what']})")
     lines.append(f"items: {items['total']:,} in the inputs, {items['written']:,} written, {items['skipped']:,} skipped")
     if report["skipped_by_reason"]:
         lines.append("skipped: " + ", ".join(f"{n} {r}" for r, n in report["skipped_by_reason"].items()))
@@ -351,104 +554,127 @@ def format_report(report: dict[str, Any], limit: int = 20) -> str:
     if report.get("layout_note"):
         lines.append(f"note: {report['layout_note']}")
     r = report["run"]
-    lines.append(f"time: plan {r['plan_s']:.1f} s, encode {r['encode_s']:.1f} s ({r['items_per_s']:.1f} items/s), "
-                 f"merge {r['merge_s']:.1f} s; {r['batches']} batches, {r['batches_resumed']} resumed from a "
+    util = r.get("encoder_utilisation")
+    lines.append(f"time: plan {r['plan_s']:.1f} s, encode {r['encode_s']:.1f} s ({r['items_per_s']:.1f} items/s"
+                 + (f", encoders busy {util:.0%} of the time" if util is not None else "")
+                 + f"), merge {r['merge_s']:.1f} s; {r['batches']} batches, {r['batches_resumed']} resumed from a "
                  "previous run")
     return "\n".join(lines)
 
 
-def _complete(cfg: TokenizeConfig) -> dict[str, Any] | None:
-    """The report of an earlier run with the same settings and inputs whose outputs are all intact."""
+def _outputs_intact(cfg: TokenizeConfig) -> bool:
     from ..manifest import ManifestError, verify_manifest
 
-    if not cfg.report_path.is_file():
+    try:
+        for path, streams in cfg.manifests().items():
+            if storage.is_local(path):
+                wanted = [cfg.prefix(s) for s in streams] if cfg.merge == "single" else None
+                verify_manifest(storage.local_path(path), wanted, checksums=False)
+                continue
+            if not storage.isfile(path):
+                return False
+            manifest = json.loads(storage.read_bytes(path))
+            for e in manifest["datasets"]:
+                if (storage.stamp(f"{e['prefix']}.bin")[0], storage.stamp(f"{e['prefix']}.idx")[0]) != \
+                        (e["bin_bytes"], e["idx_bytes"]):
+                    return False
+    except (ManifestError, OSError, ValueError, KeyError):
+        return False
+    return True
+
+
+def _complete(cfg: TokenizeConfig) -> dict[str, Any] | None:
+    """The report of an earlier run with the same settings and inputs whose outputs are all intact."""
+    if not storage.isfile(cfg.report_path):
         return None
     try:
-        report = load_json(cfg.report_path)
+        report = storage.read_json(cfg.report_path)
     except (OSError, ValueError):
         return None
-    if report.get("format") != REPORT_FORMAT or _diff(report.get("fingerprint"), cfg.fingerprint()):
-        if any(Path(f"{cfg.prefix(s)}.bin").exists() for s in cfg.streams()) and not cfg.restart:
+    if report.get("format") != REPORT_FORMAT or report.get("version") != REPORT_VERSION or \
+            _diff(report.get("fingerprint"), cfg.fingerprint()):
+        if any(storage.exists(f"{cfg.prefix(s)}.bin") for s in cfg.streams()) and not cfg.restart:
             raise RunError(f"{cfg.out}: exists from a run with other settings or inputs; pass --restart to "
                            "replace it")
         return None
-    inputs = report.get("inputs", [])
-    if input_listing([f for f, _s, _m in inputs]) != inputs:
+    inputs = report.get("inputs", {})
+    digest = hashlib.sha256()
+    for line in _listing_lines(cfg):
+        digest.update(line)
+    changed = digest.hexdigest() != inputs.get("listing_sha256") or \
+        any(storage.stamp(path) != old for path, *old in inputs.get("referenced", []))
+    if changed:
         if not cfg.restart:
             raise RunError(f"{cfg.out}: its inputs changed since it was written; pass --restart to redo it")
         return None
-    try:
-        for path, streams in cfg.manifests().items():
-            verify_manifest(path, [cfg.prefix(s) for s in streams], checksums=False)
-    except ManifestError:
-        return None
-    return report
+    return report if _outputs_intact(cfg) else None
+
+
+def _clear(work: str) -> None:
+    """Everything of an earlier run in the work directory but the lock (under the lock)."""
+    for name in storage.listdir(work):
+        if name != "lock":
+            storage.remove(storage.join(work, name), recursive=True)
 
 
 def tokenize(cfg: TokenizeConfig, out: Any = None) -> dict[str, Any]:
     """Run (or resume) the offline pipeline; print the summary to ``out`` and return the report."""
     from ..chat import ChatTokenizer
-    from ..manifest import write_manifest
 
     out = out or sys.stdout
-    work = cfg.work
+    _memory_check(cfg)
+    layout = Layout(cfg.work)
     done = None if cfg.restart else _complete(cfg)
     if done is not None:
         if not cfg.keep_work:
-            shutil.rmtree(work, ignore_errors=True)
+            storage.remove(cfg.work, recursive=True)
         print(f"{cfg.out}: already complete (same settings and inputs, outputs match their manifests)", file=out)
         print(format_report(done), file=out)
         return done
     spec = ChatTokenizer(cfg.tokenizer).spec
-    with _lock(work):
+    with _lock(cfg.work):
         if cfg.restart:  # under the lock: never pull the work directory from under a running run
-            for entry in work.iterdir():
-                if entry.is_dir():
-                    shutil.rmtree(entry)
-                elif entry.name != "lock":
-                    entry.unlink()
-        save_json(work / "config.json", asdict(cfg))
-        plan, resumed, plan_s = _load_or_plan(cfg)
-        for stale in (work / "shards").rglob("*.tmp*") if (work / "shards").is_dir() else []:
-            stale.unlink(missing_ok=True)
-        records: dict[int, dict[str, Any]] = {}
-        for b in plan.batches:
-            f = record_path(work, b.id)
-            if f.is_file():
-                records[b.id] = load_json(f)
-        todo = [b.id for b in plan.batches if b.id not in records]
-        before = len(records)
-        total = plan.planned_items
-        t0 = time.perf_counter()
-        new_items = 0
-        with _tqdm(cfg.progress, desc="encode", unit=" item", total=total,
-                   initial=sum(len(plan.batches[b].items) for b in records)) as bar:
-            def on_done(rec: dict[str, Any]) -> None:
-                nonlocal new_items
-                records[rec["batch"]] = rec
-                n = len(plan.batches[rec["batch"]].items)
-                new_items += n
-                bar.update(n)
-
-            _execute(cfg, todo, on_done)
-        encode_s = time.perf_counter() - t0
-        _megatron_builder()  # imported before the merge is timed
-        t1 = time.perf_counter()
-        _merge(cfg, plan, records)
+            _clear(cfg.work)
+        ex = make_executor(cfg.workers, cfg.ray_address, cfg.encoders)
+        try:
+            device = ex.device(cfg.device) if cfg.checkpoint else cfg.device
+            if cfg.precision == "tf32" and not device.startswith("cuda"):
+                raise RunError(f"--precision tf32 needs a CUDA device; --device {cfg.device} gives {device}")
+            storage.write_json(layout.config, asdict(replace(cfg, device=device)))
+            plan, plan_info = _plan(cfg, layout, ex)
+            if cfg.plan_only:
+                return _plan_summary(cfg, layout, plan, plan_info, out)
+            enc = _encode(cfg, layout, plan, ex)
+            t1 = time.perf_counter()
+            merged = _merge_parts(cfg, layout, plan, ex)
+        finally:
+            ex.close()
+        parts = merged["parts"]
+        _check_layout(cfg, parts)
+        remote = _concat(cfg, layout, parts) if cfg.merge == "single" else {}
         merge_s = time.perf_counter() - t1
-        _check_layout(cfg, spec)
-        for path, streams in cfg.manifests().items():
-            write_manifest([cfg.prefix(s) for s in streams], path,
-                           metadata={cfg.prefix(s): _metadata(cfg, s.suffix, spec) for s in streams})
+        _manifests(cfg, spec, parts, remote)
+        stats = enc["progress"]
         timing = {
-            "plan_s": round(plan_s, 3), "encode_s": round(encode_s, 3), "merge_s": round(merge_s, 3),
-            "items_per_s": round(new_items / encode_s, 2) if encode_s > 0 and new_items else 0.0,
-            "batches": len(plan.batches), "batches_resumed": before, "plan_resumed": resumed,
+            "plan_s": round(plan_info["plan_s"], 3), "encode_s": round(enc["encode_s"], 3), "merge_s": round(merge_s, 3),
+            "items_per_s": stats["items_per_s"],
+            "batches": plan["batches"], "batches_resumed": enc["batches_resumed"],
+            "plan_resumed": plan_info["plan_resumed"], "shards": plan["shards"],
+            "shards_resumed": plan_info["shards_resumed"], "parts_resumed": merged["parts_resumed"],
+            "scan_items_per_s": plan_info.get("scan_items_per_s"),
             "workers": 0 if cfg.ray_address else cfg.workers, "ray_address": cfg.ray_address,
+            "encoders": ex.encoders, "device": enc["devices"][0] if len(enc["devices"]) == 1 else enc["devices"],
+            "encoder_utilisation": stats["encoder_utilisation"],
+            "encoder_share_of_stage": stats["encoder_share_of_stage"],
+            "encoder_share_of_batch_time": stats["encoder_share_of_batch_time"], "merge": cfg.merge,
+            "peak_rss_mb": {"driver": peak_rss_mb(), "planning": plan_info["peak_rss_mb"],
+                            "decoding": enc["peak_rss_mb"]["decode"], "encoding": enc["peak_rss_mb"]["encode"],
+                            "merging": max([p["peak_rss_mb"] for p in parts], default=0.0)},
+            "progress": stats,
         }
-        report = _report(cfg, plan, records, spec, timing)
-        save_json(cfg.report_path, report)
+        report = _report(cfg, layout, plan, parts, spec, timing)
+        storage.write_json(cfg.report_path, report)
     if not cfg.keep_work:
-        shutil.rmtree(work, ignore_errors=True)
+        storage.remove(cfg.work, recursive=True)
     print(format_report(report), file=out)
     return report

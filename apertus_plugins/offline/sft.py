@@ -3,7 +3,9 @@
 A conversation reasons when an assistant message carries ``reasoning_content`` (or ``reasoning``),
 a ``thoughts`` block, or a thinking span in its text in either surface form
 (``<|inner_prefix|>…<|inner_suffix|>`` or ``<think>…</think>``). Unless the record says
-``enable_thinking``, a reasoning conversation is rendered with deliberation enabled.
+``enable_thinking``, a reasoning conversation is rendered with deliberation enabled. The chat
+template renders thinking from ``thoughts`` blocks only, so a record whose assistant messages carry
+``reasoning_content`` is rendered in the blocks form (``chat.template.reasoning_as_blocks``).
 
 The copy without reasoning (``--without-reasoning``, SPEC.md 4.2) drops all of that: the
 ``reasoning_content``, the ``thoughts`` blocks and every thinking span of assistant text (an

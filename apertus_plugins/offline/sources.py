@@ -20,6 +20,14 @@ Inputs:
 
 Bad inputs never stop a run: each becomes a :class:`Skip` with a short reason and the source's
 name; the summary report counts and lists them.
+
+Planning shards (:func:`list_shards`): the inputs are cut, in source order, into shards that
+planning tasks scan independently (:func:`scan_shard`): a WebDataset ``.tar`` is one shard, the
+files of a folder are cut into shards of ``plan_files`` files, a JSONL file into byte ranges of
+``plan_bytes`` (a range holds the lines that start in it; a quick count of the lines before it
+keeps every conversation's ``file:line`` name). A shard's spec lists each file it covers with
+its size and modification stamp; a resumed run lists the inputs again and compares. Every path
+may be a URL of any fsspec filesystem (:mod:`.storage`).
 """
 
 from __future__ import annotations
@@ -28,18 +36,20 @@ import base64
 import binascii
 import io
 import json
-import os
 import posixpath
 import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from . import storage
+
 __all__ = [
-    "IMAGE_EXTS", "AUDIO_EXTS", "MediaRef", "Item", "Skip", "Reasons", "BadInput", "RangeReader",
-    "open_media", "read_media", "media_shape", "scan_pretrain", "scan_sft", "input_listing", "parse_record",
-    "media_parts",
+    "IMAGE_EXTS", "AUDIO_EXTS", "MediaRef", "Item", "Skip", "Reasons", "BadInput", "RangeReader", "ShardScan",
+    "open_media", "read_media", "media_shape", "list_shards", "line_starts", "scan_shard", "scan_pretrain",
+    "scan_sft", "parse_record", "media_parts", "part_source", "media_base",
 ]
 
 IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"})
@@ -184,7 +194,7 @@ def open_media(ref: MediaRef, inline_bytes: Callable[[MediaRef], bytes] | None =
             raise BadInput(Reasons.FORMAT, f"{ref.name}: inline media needs its record")
         return io.BytesIO(inline_bytes(ref))
     try:
-        fh = open(ref.path, "rb")  # noqa: SIM115 (returned to the caller)
+        fh = storage.open_read(ref.path)
     except FileNotFoundError as exc:
         raise BadInput(Reasons.MISSING, f"{ref.name}: no such file") from exc
     if ref.offset < 0:
@@ -221,15 +231,16 @@ def media_shape(ref: MediaRef, resize_policy: str, audio_policy: str,
     from ..media.image import MAX_ASPECT, PATCH, ImageError, resized_size
 
     if ref.inline is None and ref.offset < 0:
-        if not os.path.isfile(ref.path):
+        size = storage.stamp(ref.path)[0]
+        if size < 0 or not storage.isfile(ref.path):
             raise BadInput(Reasons.MISSING, f"{ref.name}: no such file")
-        size = os.path.getsize(ref.path)
     else:
         size = ref.size
     if size == 0:
         raise BadInput(Reasons.EMPTY, f"{ref.name}: the file is empty (zero bytes)")
     with open_media(ref, inline_bytes) as fh:
-        src = ref.path if ref.inline is None and ref.offset < 0 else fh  # a path keeps messages short
+        # a local path keeps the decoders' messages short
+        src = ref.path if ref.inline is None and ref.offset < 0 and storage.is_local(ref.path) else fh
         if ref.kind == "image":
             try:
                 h, w = _image_header(src)
@@ -260,7 +271,7 @@ def media_shape(ref: MediaRef, resize_policy: str, audio_policy: str,
             raise BadInput(Reasons.FORMAT, f"{ref.name}: no planner for modality {ref.kind!r}")
 
 
-# ---------------------------------------------------------------------- pretraining inputs
+# ---------------------------------------------------------------------- names
 def _ext(name: str) -> str:
     """The extension of a file name, or the media type of a WebDataset component (``seg.jpg`` -> ``jpg``)."""
     return name.rsplit(".", 1)[-1].lower()
@@ -274,16 +285,26 @@ def _kind_of(ext: str) -> str | None:
     return None
 
 
-def _walk(source: Path) -> list[Path]:
-    if source.is_file():
-        return [source]
-    if not source.is_dir():
-        raise FileNotFoundError(f"{source}: no such file or folder")
-    files = []
-    for root, dirs, names in os.walk(source):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        files.extend(Path(root) / n for n in names if not n.startswith("."))
-    return sorted(files, key=lambda p: p.relative_to(source).as_posix())
+def _stem(name: str) -> str:
+    return name.rsplit(".", 1)[0]
+
+
+@lru_cache(maxsize=64)
+def _media_stems(names: frozenset[str]) -> frozenset[str]:
+    """Stems of the media files among a folder's file names (their ``.txt`` twins are captions)."""
+    return frozenset(_stem(n) for n in names if _kind_of(_ext(n)))
+
+
+def _display(source: str, rel: str, path: str) -> str:
+    """The name of a file in messages and the report: the source as given joined with the file's relative path."""
+    if not storage.is_local(source):
+        return path
+    src = storage.local_path(source)
+    return str(Path(src) / rel) if rel else str(Path(src))
+
+
+def _resolved(path: str) -> str:
+    return str(Path(path).resolve()) if storage.is_local(path) else path
 
 
 def _read_text(data: bytes, name: str) -> str:
@@ -293,58 +314,187 @@ def _read_text(data: bytes, name: str) -> str:
         raise BadInput(Reasons.TEXT, f"{name}: text is not UTF-8 ({exc})") from exc
 
 
-def scan_pretrain(sources: list[str], resize_policy: str, audio_policy: str,
-                  tick: Callable[[int], None] = lambda n: None) -> tuple[list[Item], list[Skip], list[str]]:
-    """Items (media with their shapes), skips and the files read, in source order."""
-    items: list[Item] = []
-    skips: list[Skip] = []
-    files_read: list[str] = []
+def media_base(jsonl_path: str, media_root: str | None) -> str:
+    """The folder relative media paths of a JSONL file are resolved against."""
+    if media_root:
+        return _resolved(storage.local_path(media_root)) if storage.is_local(media_root) else media_root
+    return storage.parent(jsonl_path)
 
-    def add(ref: MediaRef, text: str | None) -> None:
-        try:
-            media_shape(ref, resize_policy, audio_policy)
-        except BadInput as exc:
-            skips.append(Skip(ref.name, exc.reason, exc.detail))
-            return
-        items.append(Item(len(items), ref.kind, ref.name, [ref], text))
 
+# ---------------------------------------------------------------------- shards
+_COMPRESSED = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
+
+
+def list_shards(kind: str, sources: list[str], plan_files: int, plan_bytes: int) -> Iterator[dict[str, Any]]:
+    """The planning shards of the inputs, in source order (see the module docstring).
+
+    Specs are JSON-ready dicts: ``{"kind": "files", "files": [[path, name, [size, stamp], role,
+    caption path or None], ...]}`` (role: ``image``, ``audio``, ``caption``, ``compressed`` or
+    ``other``), ``{"kind": "tar", "path", "name", "stamp"}`` or ``{"kind": "jsonl", "path", "name",
+    "stamp", "range": [start, end], "part", "parts"}``. Only one folder's listing is held at a time.
+    """
+    if kind == "pretrain":
+        yield from _pretrain_shards(sources, plan_files)
+    else:
+        yield from _sft_shards(sources, plan_bytes)
+
+
+def _pretrain_shards(sources: list[str], plan_files: int) -> Iterator[dict[str, Any]]:
     for src in sources:
-        root = Path(src)
-        files = _walk(root)
-        stems = {(f.parent, f.name.rsplit(".", 1)[0]) for f in files if _kind_of(_ext(f.name))}
-        for f in files:
-            files_read.append(str(f.resolve()))
-            ext = _ext(f.name) if "." in f.name else ""
+        buf: list[list[Any]] = []
+        for path, rel, st, names in storage.walk_files(src):
+            fname = storage.name_of(path)
+            name = _display(src, rel, path)
+            ext = _ext(fname) if "." in fname else ""
             kind = _kind_of(ext)
-            path = str(f.resolve())
+            resolved = _resolved(path)
+            if ext == "tar" and not kind:
+                if buf:
+                    yield {"kind": "files", "files": buf}
+                    buf = []
+                yield {"kind": "tar", "path": resolved, "name": name, "stamp": st}
+                continue
+            caption = None
             if kind:
-                text = None
-                side = f.with_name(f.name.rsplit(".", 1)[0] + ".txt")
-                if side.is_file():
-                    try:
-                        text = _read_text(side.read_bytes(), str(side))
-                    except BadInput as exc:
-                        skips.append(Skip(str(f), exc.reason, exc.detail))
-                        continue
-                add(MediaRef(kind, path, str(f)), text)
-            elif ext == "tar":
-                _scan_tar(f, add, skips)
-            elif ext in TEXT_EXTS and (f.parent, f.name.rsplit(".", 1)[0]) in stems:
-                continue  # a caption or transcript beside its media file
-            elif f.name.endswith((".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")):
-                skips.append(Skip(str(f), Reasons.FORMAT, f"{f}: compressed tar shards are not supported "
-                                  "(items are read by byte offset; use plain .tar WebDataset shards)"))
+                side = _stem(fname) + ".txt"
+                has = side in names if names is not None else storage.isfile(storage.join(storage.parent(path), side))
+                caption = _resolved(storage.join(storage.parent(path), side)) if has else None
+                role = kind
+            elif ext == "txt" and names is not None and _stem(fname) in _media_stems(names):
+                role = "caption"  # a caption or transcript beside its media file
+            elif fname.endswith(_COMPRESSED):
+                role = "compressed"
             else:
-                skips.append(Skip(str(f), Reasons.FORMAT, f"{f}: not an image, audio file or .tar shard "
-                                  f"(extension {ext or 'none'!r})"))
-            tick(1)
-    return items, skips, files_read
+                role = "other"
+            buf.append([resolved, name, st, role, caption])
+            if len(buf) >= plan_files:
+                yield {"kind": "files", "files": buf}
+                buf = []
+        if buf:
+            yield {"kind": "files", "files": buf}
 
 
-def _scan_tar(path: Path, add: Callable[[MediaRef, str | None], None], skips: list[Skip]) -> None:
+def _sft_shards(sources: list[str], plan_bytes: int) -> Iterator[dict[str, Any]]:
+    for src in sources:
+        folder = storage.isdir(src)
+        for path, rel, st, _names in storage.walk_files(src):
+            if folder and _ext(storage.name_of(path)) not in ("jsonl", "json"):
+                continue
+            size = max(0, int(st[0]))
+            parts = max(1, -(-size // plan_bytes))
+            for k in range(parts):
+                yield {"kind": "jsonl", "path": _resolved(path), "name": _display(src, rel, path), "stamp": st,
+                       "range": [k * plan_bytes, min(size, (k + 1) * plan_bytes)], "part": k, "parts": parts}
+
+
+def shard_files(spec: dict[str, Any]) -> list[str]:
+    """The input files a shard's spec names (the files its planning task may read, captions included)."""
+    if spec["kind"] == "files":
+        return [f[0] for f in spec["files"]] + [f[4] for f in spec["files"] if f[4]]
+    return [spec["path"]]
+
+
+def line_starts(path: str, start: int, end: int, block: int = 1 << 22) -> int:
+    """How many lines of a file start at a byte in ``[start, end)`` (a line starts at 0 and after each newline)."""
+    total = 1 if start == 0 and end > 0 else 0
+    lo, hi = max(start - 1, 0), end - 1
+    if hi <= lo:
+        return total
+    with storage.open_read(path) as fh:
+        fh.seek(lo)
+        left = hi - lo
+        while left > 0:
+            data = fh.read(min(block, left))
+            if not data:
+                break
+            total += data.count(b"\n")
+            left -= len(data)
+    return total
+
+
+@dataclass
+class ShardScan:
+    """What a planning task found in its shard besides the items: skips, referenced files, what it read."""
+
+    skips: list[Skip] = field(default_factory=list)
+    referenced: list[list[Any]] = field(default_factory=list)  # sft: media files named by conversations
+    read: list[str] = field(default_factory=list)
+    media: dict[str, int] = field(default_factory=dict)
+    items: int = 0
+
+
+def scan_shard(spec: dict[str, Any], resize_policy: str, audio_policy: str, media_root: str | None,
+               emit: Callable[[Item], None]) -> ShardScan:
+    """Plan one shard from headers: ``emit`` each item (indices local to the shard), return the rest."""
+    out = ShardScan()
+    reads: dict[str, None] = {}
+
+    def add(item: Item) -> None:
+        item.index = out.items
+        out.items += 1
+        for m in item.media:
+            out.media[m.kind] = out.media.get(m.kind, 0) + 1
+        emit(item)
+
+    def read(path: str) -> None:
+        reads.setdefault(path)
+
+    if spec["kind"] == "files":
+        _scan_files(spec, resize_policy, audio_policy, add, out.skips, read)
+    elif spec["kind"] == "tar":
+        read(spec["path"])
+        _scan_tar(spec["path"], spec["name"], resize_policy, audio_policy, add, out.skips)
+    elif spec["kind"] == "jsonl":
+        read(spec["path"])
+        _scan_jsonl(spec, media_root, resize_policy, audio_policy, add, out, read)
+    else:
+        raise ValueError(f"unknown shard kind {spec['kind']!r}")
+    out.read = list(reads)
+    return out
+
+
+def _shaped(ref: MediaRef, text: str | None, resize_policy: str, audio_policy: str,
+            add: Callable[[Item], None], skips: list[Skip]) -> None:
+    try:
+        media_shape(ref, resize_policy, audio_policy)
+    except BadInput as exc:
+        skips.append(Skip(ref.name, exc.reason, exc.detail))
+        return
+    add(Item(0, ref.kind, ref.name, [ref], text))
+
+
+def _scan_files(spec: dict[str, Any], resize_policy: str, audio_policy: str, add: Callable[[Item], None],
+                skips: list[Skip], read: Callable[[str], None]) -> None:
+    for path, name, _st, role, caption in spec["files"]:
+        if role in ("image", "audio"):
+            text = None
+            if caption:
+                read(caption)
+                try:
+                    text = _read_text(storage.read_bytes(caption),
+                                      storage.join(storage.parent(name), _stem(storage.name_of(name)) + ".txt"))
+                except BadInput as exc:
+                    skips.append(Skip(name, exc.reason, exc.detail))
+                    continue
+            read(path)
+            _shaped(MediaRef(role, path, name), text, resize_policy, audio_policy, add, skips)
+        elif role == "caption":
+            continue
+        elif role == "compressed":
+            skips.append(Skip(name, Reasons.FORMAT, f"{name}: compressed tar shards are not supported "
+                              "(items are read by byte offset; use plain .tar WebDataset shards)"))
+        else:
+            fname = storage.name_of(name)
+            ext = _ext(fname) if "." in fname else ""
+            skips.append(Skip(name, Reasons.FORMAT, f"{name}: not an image, audio file or .tar shard "
+                              f"(extension {ext or 'none'!r})"))
+
+
+def _scan_tar(path: str, name: str, resize_policy: str, audio_policy: str, add: Callable[[Item], None],
+              skips: list[Skip]) -> None:
     samples: dict[str, dict[str, tarfile.TarInfo]] = {}
     try:
-        with tarfile.open(path, "r:") as tf:
+        with storage.open_read(path) as fh, tarfile.open(fileobj=fh, mode="r:") as tf:
             for m in tf:
                 if not m.isfile():
                     continue
@@ -354,15 +504,15 @@ def _scan_tar(path: Path, add: Callable[[MediaRef, str | None], None], skips: li
                 key, _, ext = base.partition(".")
                 samples.setdefault(posixpath.join(d, key), {})[ext.lower()] = m
     except (tarfile.TarError, OSError, EOFError) as exc:
-        skips.append(Skip(str(path), Reasons.TAR, f"{path}: not a readable (uncompressed) tar shard, "
+        skips.append(Skip(name, Reasons.TAR, f"{name}: not a readable (uncompressed) tar shard, "
                           f"{len(samples)} samples read before the error ({exc})"))
-    with open(path, "rb") as fh:
+    with storage.open_read(path) as fh:
         for key, parts in samples.items():
-            name = f"{path}:{key}"
+            sample = f"{name}:{key}"
             media = {e: m for e, m in parts.items() if _kind_of(_ext(e))}
             if len(media) != 1:
                 what = "no image or audio component" if not media else f"{len(media)} media components"
-                skips.append(Skip(name, Reasons.FORMAT, f"{name}: {what} (components: {', '.join(sorted(parts))})"))
+                skips.append(Skip(sample, Reasons.FORMAT, f"{sample}: {what} (components: {', '.join(sorted(parts))})"))
                 continue
             (ext, m), = media.items()
             text = None
@@ -370,14 +520,111 @@ def _scan_tar(path: Path, add: Callable[[MediaRef, str | None], None], skips: li
                 t = parts["txt"]
                 fh.seek(t.offset_data)
                 try:
-                    text = _read_text(fh.read(t.size), f"{name}.txt")
+                    text = _read_text(fh.read(t.size), f"{sample}.txt")
                 except BadInput as exc:
-                    skips.append(Skip(name, exc.reason, exc.detail))
+                    skips.append(Skip(sample, exc.reason, exc.detail))
                     continue
-            add(MediaRef(_kind_of(_ext(ext)) or "", str(path.resolve()), f"{name}.{ext}", m.offset_data, m.size), text)
+            _shaped(MediaRef(_kind_of(_ext(ext)) or "", path, f"{sample}.{ext}", m.offset_data, m.size), text,
+                    resize_policy, audio_policy, add, skips)
 
 
-# ---------------------------------------------------------------------- SFT inputs
+def _lines(fh: Any, start: int, end: int) -> Iterator[tuple[int, bytes]]:
+    """``(offset, line)`` of the lines of an open file that start in ``[start, end)``."""
+    pos = start
+    if start > 0:
+        fh.seek(start - 1)
+        if fh.read(1) != b"\n":  # the line under ``start`` began in the previous range
+            pos += len(fh.readline())
+    else:
+        fh.seek(0)
+    while pos < end:
+        raw = fh.readline()
+        if not raw:
+            return
+        yield pos, raw
+        pos += len(raw)
+
+
+def _scan_jsonl(spec: dict[str, Any], media_root: str | None, resize_policy: str, audio_policy: str,
+                add: Callable[[Item], None], out: ShardScan, read: Callable[[str], None]) -> None:
+    from ..chat.template import ChatFormatError, normalize_messages
+
+    path, display = spec["path"], spec["name"]
+    base = media_base(path, media_root)
+    seen: set[str] = set()
+    lineno = int(spec.get("first_line", 1)) - 1
+    start, end = spec["range"]
+    with storage.open_read(path) as fh:
+        for offset, raw in _lines(fh, start, end):
+            lineno += 1
+            if not raw.strip():
+                continue
+            name = f"{display}:{lineno}"
+            try:
+                messages, _tools, _thinking = parse_record(raw, name)
+                try:
+                    norm = normalize_messages(messages)
+                except ChatFormatError as exc:
+                    raise BadInput(Reasons.CONVERSATION, f"{name}: {exc}") from exc
+                refs = []
+                for mi, pi, kind, part in media_parts(norm):
+                    where = f"{name} message {mi} part {pi}"
+                    how, value = part_source(part, base, where)
+                    if how == "path":
+                        ref = MediaRef(kind, value, f"{value} ({where})")
+                        if value not in seen:
+                            seen.add(value)
+                            out.referenced.append([value, *storage.stamp(value)])
+                            read(value)
+                        media_shape(ref, resize_policy, audio_policy)
+                    else:
+                        ref = MediaRef(kind, path, where, size=len(value), inline=[mi, pi])
+                        media_shape(ref, resize_policy, audio_policy, lambda _r, v=value: v)
+                    refs.append(ref)
+            except BadInput as exc:
+                out.skips.append(Skip(name, exc.reason, exc.detail))
+                continue
+            add(Item(0, "conversation", name, refs, record=[path, offset, len(raw)]))
+
+
+# ---------------------------------------------------------------------- in one process
+def _scan_all(kind: str, sources: list[str], media_root: str | None, resize_policy: str, audio_policy: str,
+              tick: Callable[[int], None]) -> tuple[list[Item], list[Skip], list[str]]:
+    items: list[Item] = []
+    skips: list[Skip] = []
+    files: dict[str, None] = {}
+    specs = list(list_shards(kind, sources, 1 << 30, 1 << 62))
+    for spec in specs:
+        def emit(it: Item) -> None:
+            it.index = len(items)
+            items.append(it)
+
+        found = scan_shard(spec, resize_policy, audio_policy, media_root, emit)
+        skips.extend(found.skips)
+        for f in shard_files(spec) if spec["kind"] != "files" else [f[0] for f in spec["files"]]:
+            files.setdefault(f)
+        for ref in found.referenced:
+            files.setdefault(ref[0])
+        tick(len(spec["files"]) if spec["kind"] == "files" else 1)
+    return items, skips, list(files)
+
+
+def scan_pretrain(sources: list[str], resize_policy: str, audio_policy: str,
+                  tick: Callable[[int], None] = lambda n: None) -> tuple[list[Item], list[Skip], list[str]]:
+    """Every item (media with their shapes), skip and input file of pretraining sources, in source order.
+
+    All in this process and in memory: the pipeline plans shard by shard (:func:`scan_shard`).
+    """
+    return _scan_all("pretrain", sources, None, resize_policy, audio_policy, tick)
+
+
+def scan_sft(sources: list[str], media_root: str | None, resize_policy: str, audio_policy: str,
+             tick: Callable[[int], None] = lambda n: None) -> tuple[list[Item], list[Skip], list[str]]:
+    """Every conversation (with its media's shapes), skip and file read of SFT sources, in source order."""
+    return _scan_all("sft", sources, media_root, resize_policy, audio_policy, tick)
+
+
+# ---------------------------------------------------------------------- SFT records
 def parse_record(line: bytes, name: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, bool | None]:
     """(messages, tools, enable_thinking or None) of one JSONL line; :class:`BadInput` if unusable."""
     try:
@@ -425,8 +672,12 @@ def _part_value(part: dict[str, Any]) -> Any:
     return None
 
 
-def part_source(part: dict[str, Any], base: Path, name: str) -> tuple[str, Any]:
-    """``("path", absolute path)`` or ``("data", bytes)`` of a media part; raises :class:`BadInput`."""
+def part_source(part: dict[str, Any], base: str | Path, name: str) -> tuple[str, Any]:
+    """``("path", absolute path or URL)`` or ``("data", bytes)`` of a media part; raises :class:`BadInput`.
+
+    A relative path is resolved against ``base`` (a local folder, or a folder URL of the JSONL's
+    filesystem); ``file://`` URLs are local files; other URLs are not fetched.
+    """
     value = _part_value(part)
     if isinstance(value, dict):
         if isinstance(value.get("data"), str):
@@ -437,71 +688,14 @@ def part_source(part: dict[str, Any], base: Path, name: str) -> tuple[str, Any]:
         raise BadInput(Reasons.FORMAT, f"{name}: the {part.get('type')!r} part names no file or data")
     if value.startswith("data:"):
         return ("data", _data_url(value))
+    base = str(base)
     if value.startswith("file://"):
-        value = value[len("file://"):]
+        value, base = value[len("file://"):], "/"
     elif "://" in value:
         raise BadInput(Reasons.REMOTE, f"{name}: {value[:80]!r} is a remote URL; the pipeline reads local "
                              "files only (download first)")
+    if not storage.is_local(base):
+        head = base.split("://", 1)[0]
+        return ("path", storage.normalize(f"{head}://{value}" if value.startswith("/") else storage.join(base, value)))
     p = Path(value)
-    return ("path", str((p if p.is_absolute() else base / p).resolve()))
-
-
-def scan_sft(sources: list[str], media_root: str | None, resize_policy: str, audio_policy: str,
-             tick: Callable[[int], None] = lambda n: None) -> tuple[list[Item], list[Skip], list[str]]:
-    """Conversations (with their media's shapes), skips and the files read, in source order."""
-    from ..chat.template import ChatFormatError, normalize_messages
-
-    items: list[Item] = []
-    skips: list[Skip] = []
-    files_read: list[str] = []
-    for src in sources:
-        for f in _walk(Path(src)):
-            if _ext(f.name) not in ("jsonl", "json") and Path(src).is_dir():
-                continue
-            path = str(f.resolve())
-            files_read.append(path)
-            base = Path(media_root).resolve() if media_root else f.resolve().parent
-            with open(f, "rb") as fh:
-                offset = 0
-                for lineno, raw in enumerate(fh, 1):
-                    start, offset = offset, offset + len(raw)
-                    if not raw.strip():
-                        continue
-                    name = f"{f}:{lineno}"
-                    tick(1)
-                    try:
-                        messages, _tools, _thinking = parse_record(raw, name)
-                        try:
-                            norm = normalize_messages(messages)
-                        except ChatFormatError as exc:
-                            raise BadInput(Reasons.CONVERSATION, f"{name}: {exc}") from exc
-                        refs = []
-                        for mi, pi, kind, part in media_parts(norm):
-                            where = f"{name} message {mi} part {pi}"
-                            how, value = part_source(part, base, where)
-                            if how == "path":
-                                ref = MediaRef(kind, value, f"{value} ({where})")
-                                if value not in files_read:
-                                    files_read.append(value)
-                                media_shape(ref, resize_policy, audio_policy)
-                            else:
-                                ref = MediaRef(kind, path, where, size=len(value), inline=[mi, pi])
-                                media_shape(ref, resize_policy, audio_policy, lambda _r, v=value: v)
-                            refs.append(ref)
-                    except BadInput as exc:
-                        skips.append(Skip(name, exc.reason, exc.detail))
-                        continue
-                    items.append(Item(len(items), "conversation", name, refs, record=[path, start, len(raw)]))
-    return items, skips, files_read
-
-
-def input_listing(files: list[str]) -> list[list[Any]]:
-    """``[path, size, mtime_ns]`` of every input file (a resumed run checks that none changed)."""
-    out = []
-    for f in files:
-        try:
-            st = os.stat(f)
-            out.append([f, st.st_size, st.st_mtime_ns])
-        except FileNotFoundError:
-            out.append([f, -1, -1])
-    return out
+    return ("path", str((p if p.is_absolute() else Path(base) / p).resolve()))

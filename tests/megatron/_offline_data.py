@@ -196,6 +196,13 @@ class Workspace:
     expected: dict[str, object]
 
     @functools.cached_property
+    def shard2(self) -> Path:
+        """A second WebDataset shard (other pixels): the mixed input of the Ray tests has two."""
+        path = self.root / "in" / "shard-001.tar"
+        write_shard(path, seed=3)
+        return path
+
+    @functools.cached_property
     def checkpoint(self) -> Path:
         return tiny_checkpoint(self.root / "ckpt")
 
@@ -222,6 +229,15 @@ def workspace() -> Workspace:
                 "sft": write_conversations(root / "in" / "conv.jsonl", root / "in" / "files")}
     return Workspace(root, tok, root / "in" / "folder", root / "in" / "shard-000.tar", root / "in" / "conv.jsonl",
                      expected)
+
+
+def records(work: Path) -> set[int]:
+    """The batches of a work directory that have a record (are committed)."""
+    return {int(p.stem[1:]) for p in (work / "records").glob("p*/b*.json")}
+
+
+def planned_batches(work: Path) -> int:
+    return int(json.loads((work / "plan.json").read_text())["batches"])
 
 
 def cli(args: list[str], env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:

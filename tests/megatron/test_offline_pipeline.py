@@ -26,7 +26,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from megatron.core.datasets.indexed_dataset import IndexedDataset as MegatronIndexedDataset
 
-from apertus_plugins.chat import ChatTokenizer, MediaItem, normalize_messages
+from apertus_plugins.chat import ChatTokenizer, MediaItem, normalize_messages, reasoning_as_blocks
 from apertus_plugins.indexed import IndexedDataset
 from apertus_plugins.manifest import verify_manifest
 from apertus_plugins.media.image import detect_image_layout
@@ -178,6 +178,7 @@ def _expected_sft(encoders: tuple) -> tuple[list[np.ndarray], list[np.ndarray]]:
         path, off, n = it.record
         raw = Path(path).read_bytes()[off : off + n]
         messages, tools, thinking = parse_record(raw, it.name)
+        messages = reasoning_as_blocks(messages)  # OpenAI-style reasoning becomes thoughts blocks (README)
         norm = normalize_messages(messages)
 
         def media_bytes(ref, norm=norm) -> bytes:

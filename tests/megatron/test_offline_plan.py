@@ -17,7 +17,7 @@ from _offline_data import workspace
 from apertus_plugins.media.audio import load_audio, preprocess_audio, resampled_length
 from apertus_plugins.media.image import preprocess_image
 from apertus_plugins.offline.config import TokenizeConfig
-from apertus_plugins.offline.plan import Plan, batch_items, make_batches
+from apertus_plugins.offline.plan import make_batches
 from apertus_plugins.offline.sft import has_reasoning, strip_reasoning
 from apertus_plugins.offline.sources import Reasons, read_media, scan_pretrain, scan_sft
 
@@ -128,15 +128,74 @@ def test_fingerprint_ignores_how_the_run_is_executed(tmp_path: Path) -> None:
         assert replace(base, **change).fingerprint() != base.fingerprint(), change
 
 
-def test_plan_round_trips_through_its_files(tmp_path: Path) -> None:
-    items, skips, files = _scan_all()
-    batches = make_batches(items, "pretrain", 4, 65536, 4096)
-    plan = Plan({"x": 1}, [[f, 0, 0] for f in files], skips, batches, len(items))
-    plan.save(tmp_path, items)
-    back = Plan.load(tmp_path)
-    assert back == plan and back.planned_items == len(items)
-    for b in back.batches:  # a worker reads its own batch's items only
-        assert [i.to_dict() for i in batch_items(tmp_path, b)] == [items[i].to_dict() for i in b.items]
+def _sharded_plan(tmp: Path, kind: str, sources: list[str], **settings: object) -> list[list[str]]:
+    """The plan as the pipeline makes it (listing, a scanning and a batching task per shard): item names per batch."""
+    import json
+    from dataclasses import asdict
+
+    from apertus_plugins.offline import storage
+    from apertus_plugins.offline.execute import InProcess
+    from apertus_plugins.offline.plan import Layout
+    from apertus_plugins.offline.run import _plan
+
+    ws = workspace()
+    (tmp / "ckpt").mkdir(exist_ok=True)
+    cfg = TokenizeConfig(kind, sources, out=str(tmp / "o"), tokenizer=str(ws.tokenizer), checkpoint=str(tmp / "ckpt"),
+                         workers=0, progress=False, **settings)
+    layout = Layout(cfg.work)
+    storage.write_json(layout.config, asdict(cfg))
+    plan, _info = _plan(cfg, layout, InProcess())
+    out = []
+    for p, (_first, n, _items) in enumerate(plan["parts"]):
+        lines = Path(layout.part_batches(p)).read_text().splitlines() if n else []
+        out += [[it["name"] for it in json.loads(line)["items"]] for line in lines]
+    storage.remove(cfg.work, recursive=True)
+    return out
+
+
+@pytest.mark.parametrize("window", [3, 4096])
+def test_the_sharded_plan_is_the_plan_whatever_the_shard_size(tmp_path: Path, window: int) -> None:
+    ws = workspace()
+    sources = [str(ws.folder), str(ws.shard), str(ws.shard2)]
+    items, _skips, _ = scan_pretrain(sources, "released", "released")
+    want = [[items[i].name for i in b.items] for b in make_batches(items, "pretrain", 4, 65536, window)]
+    for plan_files in (1, 2, 5, 4096):
+        got = _sharded_plan(tmp_path, "pretrain", sources, batch_size=4, window=window, plan_files=plan_files)
+        assert got == want, plan_files
+
+
+def test_jsonl_byte_ranges_keep_every_conversation_and_its_line(tmp_path: Path) -> None:
+    ws = workspace()
+    items, _skips, _ = scan_sft([str(ws.conversations)], None, "released", "released")
+    size = ws.conversations.stat().st_size
+    for plan_bytes in (257, 4096, size - 1, size + 1):
+        got = _sharded_plan(tmp_path, "sft", [str(ws.conversations)], batch_size=1, plan_bytes=plan_bytes)
+        assert [names for b in got for names in b] == [it.name for it in items], plan_bytes
+
+
+def test_listing_order_is_the_sorted_relative_paths(tmp_path: Path) -> None:
+    import os
+
+    from apertus_plugins.offline.sources import list_shards
+
+    names = ["a.txt", "a/b.jpg", "a-b/c.png", "a.jpg", "b.JPG", ".hidden/x.jpg", "d/.h.jpg", "A.png", "a/b/c.wav",
+             "a/b.txt", "z.tar.gz", "ab.jpg", "a/b0.jpg"]
+    for n in names:
+        (tmp_path / n).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / n).write_bytes(b"x")
+    want = []
+    for root, dirs, files in os.walk(tmp_path):  # the pipeline's order before it was sharded
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        want += [Path(root, f) for f in files if not f.startswith(".")]
+    want = sorted(str(p.relative_to(tmp_path)) for p in want)
+    for plan_files in (1, 3, 100):
+        specs = list(list_shards("pretrain", [str(tmp_path)], plan_files, 1))
+        got = [str(Path(f[1]).relative_to(tmp_path)) for s in specs for f in s["files"]]
+        assert got == want
+        assert all(len(s["files"]) <= plan_files for s in specs)
+    roles = {str(Path(f[1]).relative_to(tmp_path)): (f[3], f[4]) for f in specs[0]["files"]}
+    assert roles["a.txt"] == ("caption", None) and roles["a.jpg"] == ("image", str(tmp_path / "a.txt"))
+    assert roles["a/b.txt"] == ("caption", None) and roles["z.tar.gz"] == ("compressed", None)
 
 
 def test_scan_sft_conversations() -> None:
