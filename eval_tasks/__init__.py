@@ -16,13 +16,14 @@ from __future__ import annotations
 
 from importlib import metadata
 
+from apertus_plugins.versions import SUPPORTED as VERSIONS
+from apertus_plugins.versions import UnsupportedVersionError
+from apertus_plugins.versions import require as check
+
 __all__ = ["SUPPORTED", "require"]
 
-#: Supported upstream ranges: distribution -> (lowest version, first unsupported version).
-SUPPORTED: dict[str, tuple[tuple[int, int], tuple[int, int]]] = {
-    "lm_eval": ((0, 4), (0, 5)),
-    "lmms_eval": ((0, 7), (0, 8)),
-}
+#: The harnesses and their distributions; the supported ranges are :data:`apertus_plugins.versions.SUPPORTED`'s.
+SUPPORTED: dict[str, str] = {"lm_eval": VERSIONS["lm-eval"].specifier, "lmms_eval": VERSIONS["lmms-eval"].specifier}
 _DIST = {"lm_eval": "lm-eval", "lmms_eval": "lmms-eval"}
 
 
@@ -31,17 +32,11 @@ def require(harness: str) -> str:
 
     Returns the installed version; raises ImportError naming the supported range otherwise.
     """
-    lo, hi = SUPPORTED[harness]
-    rng = f">={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]}"
     try:
-        version = metadata.version(_DIST[harness])
-    except metadata.PackageNotFoundError as exc:
-        raise ImportError(f"the Apertus {harness} tasks need {_DIST[harness]} {rng}, which is not installed") from exc
-    parts = []
-    for piece in version.split(".")[:2]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits or 0))
-    have = tuple(parts + [0] * (2 - len(parts)))
-    if not lo <= have < hi:
-        raise ImportError(f"the Apertus {harness} tasks support {_DIST[harness]} {rng}; found {version}")
-    return version
+        version: str | None = metadata.version(_DIST[harness])
+    except metadata.PackageNotFoundError:
+        version = None
+    try:
+        return check(_DIST[harness], version)
+    except UnsupportedVersionError as exc:
+        raise ImportError(f"the Apertus {harness} tasks: {exc}") from None

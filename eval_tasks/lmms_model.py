@@ -3,15 +3,20 @@
     lmms-eval --model apertus --model_args base_url=http://127.0.0.1:8000/v1,enable_thinking=false \\
         --tasks apertus_chartqa --include_path "$(apertus eval-path lmms_eval)"
 
-Registered through the ``lmms_eval.models`` entry point (:mod:`eval_tasks.lmms_registry`). Each
-request becomes one chat completion: the task's images (PNG) and audio clips (resampled to 24 kHz
-mono, sent as WAV) as content parts before the task's text; the thinking flag through
-``chat_template_kwargs``; special tokens kept in the output (``skip_special_tokens=False``) so the
-thinking span can be stripped (both surface forms, :func:`apertus_plugins.evaluation.strip_thinking`)
-before the task scores the answer; the task's stop strings plus the Apertus turn, sequence and
-tool-call stops; the task's output cap (``max_new_tokens``) unless ``max_new_tokens`` is given here,
-never above the server's context length (``max_model_len`` in ``/v1/models``: vLLM refuses a larger
-``max_tokens``, and no generation can outgrow the context anyway). vLLM sampling parameters a task's
+A chat model of lmms-eval 0.7 (``is_simple = False``), registered through the ``lmms_eval.models``
+entry point (:mod:`eval_tasks.lmms_registry`): each request carries the task's messages
+(``doc_to_messages``: images and audio clips before the task's text, as lmms-eval's chat tasks
+build them) and becomes one chat completion through the package's HTTP client
+(:mod:`apertus_plugins.client`: its retry policy, the API key). Images go as PNG data URLs, audio
+clips resampled to 24 kHz mono as WAV; the thinking flag through ``chat_template_kwargs``; special
+tokens kept in the output (``skip_special_tokens=False``) so the thinking span can be stripped
+(both surface forms, :func:`apertus_plugins.evaluation.strip_thinking`) before the task scores the
+answer; the task's stop strings plus the Apertus turn, sequence and tool-call stops; the task's
+output cap (``max_new_tokens``) unless ``max_new_tokens`` is given here; with thinking on, the
+protocol's thinking budget (32,768 tokens at temperature 0.6 and top-p 0.95, SPEC.md 7) instead of the
+task's cap; and never more than the served context leaves after the prompt (``max_model_len`` in
+``/v1/models`` minus the prompt's ids from the server's ``/tokenize``: vLLM answers 400 to a request
+whose prompt and cap exceed its context). vLLM sampling parameters a task's
 ``generation_kwargs`` set (:data:`PASSTHROUGH`, e.g. ``logit_bias``, ``seed``) go into the request
 as they are.
 """
@@ -21,7 +26,7 @@ from __future__ import annotations
 import base64
 import io
 import os
-import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -32,7 +37,6 @@ from apertus_plugins.evaluation import (
     stop_strings,
     strip_thinking,
 )
-from apertus_plugins.serve import http_json
 
 from . import require
 
@@ -41,10 +45,9 @@ require("lmms_eval")
 from lmms_eval.api.instance import Instance  # noqa: E402
 from lmms_eval.api.model import lmms  # noqa: E402
 
-__all__ = ["PASSTHROUGH", "Apertus", "ServerUnreachable", "audio_part", "image_part"]
+from apertus_plugins.client import Client, ClientError, RetryPolicy, Unreachable  # noqa: E402
 
-_AUDIO_EXTS = (".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aac", ".webm")
-_IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+__all__ = ["PASSTHROUGH", "Apertus", "ServerUnreachable", "audio_part", "image_part", "openai_messages"]
 #: Sampling parameters of vLLM's OpenAI-compatible server that a task's ``generation_kwargs`` may
 #: set; they go into the request unchanged (other keys, such as ``do_sample``, are harness settings).
 PASSTHROUGH = ("seed", "top_k", "min_p", "min_tokens", "repetition_penalty", "presence_penalty",
@@ -104,28 +107,30 @@ def audio_part(clip: Any) -> dict[str, Any]:
     return {"type": "input_audio", "input_audio": {"data": base64.b64encode(buf.getvalue()).decode(), "format": "wav"}}
 
 
-def _is_audio(visual: Any) -> bool:
-    if isinstance(visual, dict):
-        return "array" in visual or "sampling_rate" in visual or str(visual.get("path") or "").lower().endswith(_AUDIO_EXTS) \
-            or "bytes" in visual
-    if isinstance(visual, (str, os.PathLike)):
-        return str(visual).lower().endswith(_AUDIO_EXTS)
-    return False
+def openai_messages(messages: Any) -> list[dict[str, Any]]:
+    """OpenAI chat messages from lmms-eval's (a task's ``doc_to_messages`` or a ``ChatMessages``).
 
+    Text parts stay text, image parts become :func:`image_part`, audio parts :func:`audio_part`;
+    the order of the parts is kept (lmms-eval's tasks put the media before the text).
+    """
+    from lmms_eval.protocol import ChatMessages
 
-def media_parts(visuals: Any) -> list[dict[str, Any]]:
-    """Content parts for a task's visuals: PIL images and image paths, audio dicts and paths."""
-    from PIL import Image
-
-    parts = []
-    for v in visuals or []:
-        if isinstance(v, Image.Image) or (isinstance(v, (str, os.PathLike)) and str(v).lower().endswith(_IMAGE_EXTS)):
-            parts.append(image_part(v))
-        elif _is_audio(v):
-            parts.append(audio_part(v))
-        else:
-            raise TypeError(f"the apertus model takes images and audio; got {type(v).__name__} {str(v)[:80]!r}")
-    return parts
+    chat = messages if isinstance(messages, ChatMessages) else ChatMessages(messages=list(messages))
+    out = []
+    for message in chat.messages:
+        parts = []
+        for part in message.content:
+            if part.type == "text":
+                parts.append({"type": "text", "text": part.text})
+            elif part.type == "image":
+                parts.append(image_part(part.url))
+            elif part.type == "audio":
+                parts.append(audio_part(part.url))
+            else:
+                raise TypeError(f"the apertus model takes images and audio; got a {part.type} part "
+                                f"{str(part.url)[:80]!r}")
+        out.append({"role": message.role, "content": parts})
+    return out
 
 
 class Apertus(lmms):
@@ -139,10 +144,11 @@ class Apertus(lmms):
         temperature, top_p: sampling (default: greedy; with thinking, the protocol's 0.6 and 0.95).
         strip_thinking: give the task the answer without the thinking span (default true).
         num_concurrent: requests in flight.
-        timeout, max_retries: per request.
+        timeout: seconds per try; max_retries: tries per request (the client's retry policy).
+        api_key: the server's API key (default ``$OPENAI_API_KEY`` when set).
     """
 
-    is_simple = True
+    is_simple = False
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000/v1", model: str | None = None,
                  enable_thinking: Any = False, max_new_tokens: Any = None, temperature: Any = None,
@@ -158,7 +164,8 @@ class Apertus(lmms):
         self.num_concurrent = max(1, int(num_concurrent))
         self.timeout = float(timeout)
         self.max_retries = max(1, int(max_retries))
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = Client(self.base_url, api_key=api_key, timeout=self.timeout,
+                             retry=RetryPolicy(attempts=self.max_retries))
         #: the served context length; looked up in ``/v1/models`` before the first request
         self.max_model_len: int | None = None
         self._served: list[dict[str, Any]] | None = None
@@ -171,13 +178,12 @@ class Apertus(lmms):
             return self._served
         url = f"{self.base_url}/models"
         try:
-            status, body = http_json(url, timeout=min(self.timeout, 30.0), headers=self.headers)
-        except OSError as exc:
+            self._served = self.client.models()
+        except Unreachable as exc:
             raise ServerUnreachable(f"apertus model: no server answers at {url} (model_args base_url="
                                     f"{self.base_url}): {exc}") from exc
-        if status != 200 or not isinstance(body, dict) or not body.get("data"):
-            raise ServerUnreachable(f"apertus model: {url} answered {status} without a model list: {str(body)[:200]}")
-        self._served = list(body["data"])
+        except ClientError as exc:
+            raise ServerUnreachable(f"apertus model: {url} gave no model list: {exc}") from exc
         return self._served
 
     def _context_length(self) -> int | None:
@@ -194,31 +200,29 @@ class Apertus(lmms):
 
     def _post(self, payload: dict[str, Any]) -> dict[str, Any]:
         url = f"{self.base_url}/chat/completions"
-        last = ""
-        for attempt in range(self.max_retries):
-            try:
-                status, body = http_json(url, payload, timeout=self.timeout, headers=self.headers)
-            except OSError as exc:
-                last = f"no answer ({exc})"
-            else:
-                if status == 200 and isinstance(body, dict) and body.get("choices"):
-                    return body
-                last = f"HTTP {status}: {str(body)[:500]}"
-                if 400 <= status < 500:  # a bad request does not get better by repeating it
-                    break
-            if attempt + 1 < self.max_retries:
-                time.sleep(min(2.0 ** attempt, 10.0))
-        raise ServerUnreachable(f"apertus model: request to {url} (model {self.model}) failed after "
-                                f"{self.max_retries} attempt(s): {last}")
+        try:
+            body = self.client.json("POST", "/chat/completions", payload)
+        except ClientError as exc:
+            raise ServerUnreachable(f"apertus model: request to {url} (model {self.model}) failed after "
+                                    f"{self.max_retries} attempt(s) at most: {exc}") from exc
+        if not isinstance(body, dict) or not body.get("choices"):
+            raise ServerUnreachable(f"apertus model: {url} (model {self.model}) answered without choices: "
+                                    f"{str(body)[:300]}")
+        return body
 
     # ------------------------------------------------------------------ requests
-    def payload(self, context: str, visuals: Any, gen_kwargs: dict[str, Any]) -> dict[str, Any]:
-        """The chat-completion request for one task request."""
+    def payload(self, messages: Sequence[Any], gen_kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The chat-completion request for one task request: its messages (lmms-eval's) and generation settings."""
         gen = dict(gen_kwargs or {})
         until = gen.get("until") or []
         until = [until] if isinstance(until, str) else list(until)
         stops = list(dict.fromkeys([*until, *stop_strings()]))
-        cap = self.max_new_tokens or int(gen.get("max_new_tokens") or gen.get("max_gen_toks") or DEFAULT_DECODING["max_new_tokens"])
+        if self.max_new_tokens:
+            cap = self.max_new_tokens
+        elif self.enable_thinking:  # the task's cap counts no thinking: the protocol's thinking budget (SPEC.md 7)
+            cap = int(THINKING_DECODING["max_new_tokens"])
+        else:
+            cap = int(gen.get("max_new_tokens") or gen.get("max_gen_toks") or DEFAULT_DECODING["max_new_tokens"])
         if self.max_model_len:
             cap = min(cap, self.max_model_len)
         # sampling: the model argument, else the protocol's thinking setting, else the task's (greedy by default)
@@ -228,10 +232,9 @@ class Apertus(lmms):
             temperature, top_p = float(gen.get("temperature") or 0.0), gen.get("top_p")
         temperature = self.temperature if self.temperature is not None else temperature
         top_p = self.top_p if self.top_p is not None else top_p
-        content = [*media_parts(visuals), {"type": "text", "text": context}]
         body: dict[str, Any] = {
             "model": self.model,
-            "messages": [{"role": "user", "content": content}],
+            "messages": openai_messages(messages),
             "max_tokens": cap,
             "temperature": temperature,
             "stop": stops,
@@ -248,11 +251,32 @@ class Apertus(lmms):
         text = message.get("content") or ""
         return strip_thinking(text) if self.strip_thinking else text
 
+    def prompt_length(self, body: dict[str, Any]) -> int:
+        """The ids the server makes of a request's prompt (its ``/tokenize``, media sequences included)."""
+        root = self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
+        payload = {k: body[k] for k in ("model", "messages", "chat_template_kwargs") if k in body}
+        try:
+            out = self.client.json("POST", f"{root}/tokenize", payload)
+        except ClientError as exc:
+            raise ServerUnreachable(f"apertus model: {root}/tokenize (model {self.model}) failed: {exc}") from exc
+        return int(out["count"])
+
+    def fit_to_context(self, body: dict[str, Any], where: str) -> dict[str, Any]:
+        """The output cap lowered so prompt and output fit the served context (vLLM answers 400 otherwise)."""
+        if not self.max_model_len:
+            return body
+        room = self.max_model_len - self.prompt_length(body)
+        if room < 1:
+            raise ValueError(f"apertus model: {where}: the prompt fills the served context of {self.max_model_len} "
+                             "tokens; serve a longer --max-model-len")
+        return {**body, "max_tokens": min(int(body["max_tokens"]), room)}
+
     def _one(self, request: Instance) -> str:
-        context, gen_kwargs, doc_to_visual, doc_id, task, split = request.args
-        visuals = doc_to_visual(self.task_dict[task][split][doc_id]) if doc_to_visual is not None else []
+        _context, doc_to_messages, gen_kwargs, doc_id, task, split = request.args
+        messages = doc_to_messages(self.task_dict[task][split][doc_id])
         self._context_length()
-        return self._answer(self._post(self.payload(context, visuals, gen_kwargs)))
+        body = self.fit_to_context(self.payload(messages, gen_kwargs), f"task {task} document {doc_id}")
+        return self._answer(self._post(body))
 
     def generate_until(self, requests: list[Instance]) -> list[str]:
         from tqdm import tqdm

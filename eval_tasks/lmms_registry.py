@@ -10,8 +10,8 @@ from typing import Any
 
 
 def manifests() -> list[Any]:
-    """The model manifests lmms-eval registers (``apertus``, a simple model)."""
+    """The model manifests lmms-eval registers (``apertus``, a chat model: messages in)."""
     from lmms_eval.models.registry_v2 import ModelManifest
 
-    return [ModelManifest(model_id="apertus", simple_class_path="eval_tasks.lmms_model.Apertus",
+    return [ModelManifest(model_id="apertus", chat_class_path="eval_tasks.lmms_model.Apertus",
                           aliases=("apertus_vllm",))]

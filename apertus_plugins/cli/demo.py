@@ -30,8 +30,9 @@ CONVERSATION = {
             {"type": "image_url", "image_url": {"url": "demo.png"}},
             {"type": "input_audio", "input_audio": {"data": "demo.wav", "format": "wav"}},
         ]},
-        {"role": "assistant", "reasoning_content": "Look at the picture, then listen.",
-         "content": "A small test pattern and a short tone."},
+        {"role": "assistant", "content": {"blocks": [
+            {"type": "thoughts", "text": "Look at the picture, then listen."},
+            {"type": "response", "text": "A small test pattern and a short tone."}]}},
     ],
 }
 
@@ -54,7 +55,8 @@ def serve(checkpoint: str) -> int:
     """Start a vLLM server on ``checkpoint`` (plugin loaded by its entry point) and send one multimodal chat."""
     import base64
 
-    from ..serve import CPU_ARGS, VLLMServer, http_json
+    from ..client import http_json
+    from ..serve import CPU_ARGS, VLLMServer
 
     image = "data:image/png;base64," + base64.b64encode(_media_path("demo.png").read_bytes()).decode()
     clip = base64.b64encode(_media_path("demo.wav").read_bytes()).decode()

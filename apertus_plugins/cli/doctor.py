@@ -11,11 +11,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "doctor", help="release checks of a checkpoint: tokenizer, template, config, layout, stages, serving",
         description="Run the release compatibility checks on CHECKPOINT and print one line of evidence per "
                     "check. Exits 1 when a check fails (with --strict also on a warning), 2 on bad input.")
-    p.add_argument("checkpoint", metavar="CHECKPOINT", help="the checkpoint directory")
+    p.add_argument("checkpoint", metavar="CHECKPOINT",
+                   help="the checkpoint directory, or a Hub id ORG/NAME[@REVISION] (read from the Hugging Face cache)")
     p.add_argument("--serve", metavar="URL", help="a server of CHECKPOINT (http://host:port): adds the serve checks")
     p.add_argument("--model", help="the served model name (default: the server's first)")
     p.add_argument("--compare", metavar="OTHER_CHECKPOINT",
-                   help="another stage's checkpoint: tokenizer files, templates and RoPE scaling must be identical")
+                   help="another stage's checkpoint (a directory or a Hub id): tokenizer files, templates and RoPE "
+                        "scaling must be identical")
     p.add_argument("--dataset", action="append", default=[], metavar="PATH",
                    help="a dataset manifest or indexed prefix whose image layout is checked against serving "
                         "(repeatable)")
@@ -25,6 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "{\"messages\": [...]}, optionally with \"request\": {extra request fields})")
     p.add_argument("--probe-tokens", type=int, default=256, help="max_tokens of each probe generation (256)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per server request (300)")
+    p.add_argument("--api-key", default=None,
+                   help="the server's API key (vllm serve --api-key; default: $OPENAI_API_KEY when set)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--strict", action="store_true", help="exit 1 on a warning too")
     p.set_defaults(func=run)
@@ -42,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         report = run_doctor(args.checkpoint, serve=args.serve, model=args.model, compare=args.compare,
                             datasets=args.dataset, only=args.only.split(",") if args.only else None,
                             probe_prompts=probes, probe_tokens=args.probe_tokens, timeout=args.timeout,
+                            api_key=args.api_key,
                             progress=progress if sys.stderr.isatty() else None)
     except DoctorError as exc:
         print(f"apertus doctor: error: {exc}", file=sys.stderr)

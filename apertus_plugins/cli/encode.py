@@ -24,7 +24,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     'JSON object per file: {"file", "modality", "grid" (images), "codes"} (codebook indices, '
                     "row-major, before the vocabulary offset). Needs torch.")
     p.add_argument("files", nargs="+", metavar="FILE")
-    p.add_argument("--checkpoint", required=True, help="checkpoint directory (released layout)")
+    p.add_argument("--checkpoint", required=True,
+                   help="checkpoint directory (released layout), or a Hub id ORG/NAME[@REVISION]: only the shards "
+                        "holding the encoders are fetched")
     p.add_argument("--batch-size", type=int, default=8, help="most same-shape items per forward pass")
     p.add_argument("--device", default="cpu")
     p.add_argument("--precision", choices=["float32", "tf32"], default="float32")

@@ -1,14 +1,19 @@
 """``apertus inspect PREFIX --index N``: what one document of a Megatron indexed dataset trains.
 
 With ``--json`` prints ``{"ids": [...], "sft_mask": [...], "goldfish_drop": [...]}``; both lists
-are indexed by label position ``j`` (label ``j`` is ``ids[j+1]``). Without it prints the tokens,
-coloured by role and mask, for a person checking a dataset.
+are indexed by label position ``j`` (label ``j`` is ``ids[j+1]``). Without it prints the tokens
+for a person checking a dataset: coloured by role and training state on a terminal (``NO_COLOR``
+turns colours off), each image or audio span collapsed to one line (``[image 87x87 · 7,569 codes ·
+training layout]``), then the counts per role. ``--html FILE`` writes the same document as one
+self-contained page: tokens coloured by role and marked trained/untrained/dropped by Goldfish,
+images as their code grids, clips as code strips, a legend and the per-role counts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -17,14 +22,7 @@ import numpy as np
 from ..goldfish import VARIANTS, goldfish_drop
 from ..indexed import IndexedDataset
 from ..targets import sft_mask
-from ..vocab import VocabSpec
-
-_RESET = "\033[0m"
-_TRAINED = "\033[32m"  # green: a trained label
-_DROPPED = "\033[9;33m"  # struck yellow: trained but dropped by Goldfish
-_STRUCT = "\033[1;36m"  # bold cyan: structure tokens (not trained)
-_MEDIA = "\033[35m"  # magenta: media codes
-_PLAIN = "\033[2m"  # dim: context, not trained
+from ..vocab import VocabSpec, default_spec
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -32,12 +30,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "inspect",
         help="show what one document of an indexed dataset trains",
         description="Read document N of a Megatron indexed dataset (PREFIX.bin/.idx) and show its ids with "
-        "the SFT mask and the Goldfish drops, both indexed by label position j (label j is ids[j+1]).",
+        "the SFT mask and the Goldfish drops, both indexed by label position j (label j is ids[j+1]). Media spans "
+        "are shown whole, one line each; NO_COLOR=1 turns the terminal colours off.",
     )
     p.add_argument("prefix", help="dataset prefix (PREFIX.bin and PREFIX.idx)")
     p.add_argument("--index", type=int, default=0, help="document index (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--tokenizer", default=None, help="tokenizer directory (layout and decoding); default VocabSpec()")
+    p.add_argument("--html", metavar="FILE", help="also write the document as a self-contained HTML page")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer directory or Hub id (layout and decoding); default VocabSpec()")
     p.add_argument("--goldfish-k", type=int, default=50, help="Goldfish k (default 50)")
     p.add_argument("--goldfish-h", type=int, default=50, help="Goldfish h (default 50)")
     p.add_argument("--goldfish-variant", choices=VARIANTS, default="hashtable", help="Goldfish variant")
@@ -58,40 +59,39 @@ def inspect_document(
     return {"ids": ids.tolist(), "sft_mask": mask.tolist(), "goldfish_drop": drop.tolist()}
 
 
+def use_color(stream: object = None) -> bool:
+    """Colours on a terminal unless ``NO_COLOR`` is set to anything but the empty string (no-color.org)."""
+    stream = stream or sys.stdout
+    return bool(getattr(stream, "isatty", lambda: False)()) and not os.environ.get("NO_COLOR")
+
+
 def run(args: argparse.Namespace) -> int:
-    spec = VocabSpec.from_tokenizer_dir(args.tokenizer) if args.tokenizer else VocabSpec()
+    from ._view import document_view, render_html, render_text
+
+    if args.tokenizer:
+        from ..hub import local_path
+
+        args.tokenizer = str(local_path(args.tokenizer, weights=False, what="--tokenizer"))
+    spec = VocabSpec.from_tokenizer_dir(args.tokenizer) if args.tokenizer else default_spec()
     out = inspect_document(args.prefix, args.index, spec, k=args.goldfish_k, h=args.goldfish_h,
                            variant=args.goldfish_variant, start_inside=args.start_inside)
-    if args.json:
+    if args.json and not args.html:
         print(json.dumps(out))
         return 0
-    decode = _decoder(args.tokenizer)
-    color = sys.stdout.isatty()
-    ids, mask, drop = out["ids"], out["sft_mask"], out["goldfish_drop"]
-    parts = []
-    code_lo = min((m.offset for m in spec.modalities), default=spec.size)
-    for p, tid in enumerate(ids):
-        trained = p > 0 and bool(mask[p - 1])
-        dropped = p > 0 and bool(drop[p - 1])
-        name = spec.id_to_name.get(tid)
-        if name is not None:
-            text, style = f"<|{name}|>" if decode is None else decode(tid), _STRUCT
-        elif tid >= code_lo:
-            text, style = f"[{spec.modality_names[int(spec.modality_of(tid))]} {tid}]", _MEDIA
-        else:
-            text, style = (f"{tid} " if decode is None else decode(tid)), _PLAIN
-        if trained:
-            style = _DROPPED if dropped else _TRAINED
-        parts.append(f"{style}{text}{_RESET}" if color else (f"[+{text}]" if trained else text))
-    print("".join(parts))
-    n = len(mask)
-    print(f"\n{len(ids)} tokens, {n} labels: {sum(mask)} trained (SFT mask), {sum(drop)} dropped by Goldfish "
-          f"(k={args.goldfish_k}, h={args.goldfish_h}, {args.goldfish_variant})")
-    if color:
-        print(f"legend: {_TRAINED}trained{_RESET} {_DROPPED}dropped{_RESET} {_STRUCT}structure{_RESET} "
-              f"{_MEDIA}media{_RESET} {_PLAIN}context{_RESET}")
+    goldfish = f"k={args.goldfish_k}, h={args.goldfish_h}, {args.goldfish_variant}"
+    view = document_view(out["ids"], out["sft_mask"], out["goldfish_drop"], spec, _decoder(args.tokenizer),
+                         title=f"{args.prefix} · document {args.index}", goldfish=goldfish)
+    if args.html:
+        path = Path(args.html)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(render_html(view), encoding="utf-8")
+        tmp.replace(path)  # never a half-written page
+    if args.json:
+        print(json.dumps(out))
     else:
-        print("legend: [+...] trained label")
+        print(render_text(view, use_color()))
+    if args.html:
+        print(f"wrote {args.html}", file=sys.stderr)
     return 0
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..checkpoint import CONTEXT_LENGTH, INITS, SIZES
+from ..checkpoint import INITS, SIZES
+from ..release import CONTEXT_LENGTH
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -36,10 +37,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..checkpoint import write_checkpoint
-    from ..vocab import VocabSpec
+    from ..vocab import VocabSpec, default_spec
 
     if args.full:
-        spec = VocabSpec()
+        spec = default_spec()
     else:
         spec = VocabSpec.scaled(text_size=args.text_size, image_codes=args.image_codes, audio_codes=args.audio_codes)
     out = write_checkpoint(args.dir, size=args.size, spec=spec, seed=args.seed, dtype=args.dtype,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..tokenizer_builder import build_test_tokenizer
-from ..vocab import VocabSpec
+from ..vocab import VocabSpec, default_spec
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -23,7 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.full:
-        spec = VocabSpec()
+        spec = default_spec()
     else:
         spec = VocabSpec.scaled(text_size=args.text_size, image_codes=args.image_codes, audio_codes=args.audio_codes)
     out = build_test_tokenizer(args.dir, spec)

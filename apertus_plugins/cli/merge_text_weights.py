@@ -13,8 +13,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "directory saved from a text-only run, e.g. verl's model merger or hf_model checkpoint of "
                     "Apertus1p5ForCausalLM), each in the released tensor's dtype. The vision and audio tokenizers, "
                     "configs, tokenizer and sharding are RELEASED's. Needs torch.")
-    p.add_argument("trained", help="directory with the trained text tensors (safetensors)")
-    p.add_argument("released", help="the released checkpoint the run started from")
+    p.add_argument("trained", help="directory with the trained text tensors (safetensors), or a Hub id")
+    p.add_argument("released", help="the released checkpoint the run started from (a directory or a Hub id "
+                                    "ORG/NAME[@REVISION])")
     p.add_argument("out", help="new directory to write (must not exist)")
     p.set_defaults(func=run)
 

@@ -4,30 +4,48 @@ from __future__ import annotations
 
 import argparse
 
-from ..offline.config import AUDIO_TASKS, CAPTIONS, IMAGE_LAYOUT_DEFAULT, default_workers
+from ..offline.config import (
+    AUDIO_TASKS,
+    CAPTIONS,
+    IMAGE_LAYOUT_DEFAULT,
+    MERGES,
+    PLAN_BYTES_DEFAULT,
+    PLAN_FILES_DEFAULT,
+    default_workers,
+)
 
 _DESCRIPTION = """\
 Tokenize images, audio and conversations offline into Megatron indexed datasets (OUT.bin/OUT.idx,
 int32 ids, one sequence per document), with a manifest (OUT.manifest.json) and a summary report
 (OUT.report.json). A deterministic plan from file headers groups items by their exact
-post-resize shape; batches run on local worker processes or as Ray tasks (--ray-address), each
-writing its own shard and checkpoint; a killed run resumes when the same command is run again, and
-the merged output is byte-identical to an uninterrupted run. Bad inputs (truncated or unreadable
-files, aspect ratio above 200, unsupported samples) are skipped, counted and named in the report.
+post-resize shape; planning, encoding and merging run as parallel tasks on local worker processes
+or on a Ray cluster (--ray-address: CPU tasks decode ahead of encoder actors that hold the encoders,
+one per GPU), each batch writing its own shard and checkpoint; a killed run resumes when the same
+command is run again, and the output is byte-identical to an uninterrupted run. Inputs and outputs
+may be local paths or URLs of any installed fsspec filesystem (s3://, gs://, hf://...). Bad inputs
+(truncated or unreadable files, aspect ratio above 200, unsupported samples) are skipped, counted
+and named in the report.
 
   pretrain: image files/folders, audio files/folders, WebDataset .tar shards; one media item per
             document: BOS + image or audio sequence (+ caption / transcript) + EOS.
   sft:      JSONL conversations (OpenAI or Apertus message shape, media by path); one conversation
             per document, rendered with the training template.
+
+--checkpoint and --tokenizer take a directory or a Hub id ORG/NAME[@REVISION] (the Hugging Face
+cache; only the encoder shards of a checkpoint are fetched). --tokenizer defaults to the
+checkpoint's own tokenizer. The run ends by printing the image layout it wrote next to the layout
+a server uses.
 """
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("sources", nargs="+", metavar="SOURCE", help="input files and folders")
     p.add_argument("--out", required=True, metavar="PREFIX", help="output prefix (PREFIX.bin/.idx and side files)")
-    p.add_argument("--tokenizer", required=True, metavar="DIR", help="tokenizer directory (tokenizer.json)")
+    p.add_argument("--tokenizer", metavar="DIR",
+                   help="tokenizer directory (tokenizer.json) or Hub id (default: the --checkpoint's own tokenizer)")
     p.add_argument("--checkpoint", metavar="DIR",
-                   help="checkpoint with the media encoders (released layout); needed when there are media")
+                   help="checkpoint with the media encoders (released layout; a directory or a Hub id "
+                        "ORG/NAME[@REVISION]); needed when there are media")
     p.add_argument("--image-layout", default=IMAGE_LAYOUT_DEFAULT, choices=("training", "inference"),
                    help=f"image sequence layout (default {IMAGE_LAYOUT_DEFAULT}: the public Megatron pipeline's, what "
                         "Apertus 1.5 was trained on; serving uses inference; the manifest records it)")
@@ -38,15 +56,42 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=default_workers(),
                    help=f"local worker processes (default {default_workers()}; 0: in this process)")
     p.add_argument("--ray-address", metavar="ADDR",
-                   help="run the batches as Ray tasks on this cluster ('auto', 'ray://host:port', 'local'); the "
-                        "output folder must be on a filesystem every node shares")
-    p.add_argument("--device", default="cpu", help="encoder device (cpu, cuda, cuda:N)")
+                   help="run on this Ray cluster ('auto', 'host:port', 'ray://host:port', 'local'); the work folder "
+                        "and the outputs must be reachable from every node (a shared filesystem or an fsspec URL)")
+    p.add_argument("--encoders", type=int, default=0, metavar="N",
+                   help="encoder actors on Ray (default 0: one per GPU, or one per two CPUs without GPUs)")
+    p.add_argument("--device", default="auto",
+                   help="encoder device: auto (default: CUDA when the machine or the Ray cluster has a GPU), cpu, "
+                        "cuda, cuda:N")
     p.add_argument("--precision", default="float32", choices=("float32", "tf32"),
                    help="encoder precision contract (tf32: CUDA only)")
+    p.add_argument("--merge", default="single", choices=MERGES,
+                   help="single (default): one dataset PREFIX.bin/.idx per stream; parts: one dataset per plan part "
+                        "(PREFIX.partNNNNNN), merged in parallel and listed in order in the manifest, with no pass "
+                        "over all the data on one node")
+    p.add_argument("--plan-files", type=int, default=PLAN_FILES_DEFAULT, metavar="N",
+                   help=f"files of a folder per planning shard (default {PLAN_FILES_DEFAULT}; a .tar is one shard)")
+    p.add_argument("--plan-bytes", type=_size, default=PLAN_BYTES_DEFAULT, metavar="SIZE",
+                   help=f"bytes of a JSONL file per planning shard (default {PLAN_BYTES_DEFAULT // 2**20}MB)")
     p.add_argument("--work-dir", metavar="DIR", help="plan, shards and checkpoints (default PREFIX.work)")
     p.add_argument("--keep-work", action="store_true", help="keep the work directory after success")
+    p.add_argument("--plan-only", action="store_true",
+                   help="stop after planning (the work directory keeps the plan; the same command without "
+                        "--plan-only continues from it)")
     p.add_argument("--restart", action="store_true", help="discard an earlier run's work and outputs")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _size(text: str) -> int:
+    from ..checkpoint import parse_size
+
+    try:
+        n = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not n or n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size of at least one byte (examples: 4KB, 64MB)")
+    return n
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -77,15 +122,42 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sft.set_defaults(func=run)
 
 
+def resolve_inputs(tokenizer: str | None, checkpoint: str | None) -> tuple[str, str | None]:
+    """Local directories for ``--tokenizer`` and ``--checkpoint`` (Hub ids resolved; the tokenizer
+    defaults to the checkpoint's own)."""
+    from ..hub import local_path
+    from ..tensor_names import AUDIO_PREFIX, VISION_PREFIX
+
+    if tokenizer is None and checkpoint is None:
+        raise ValueError("give --tokenizer (a tokenizer directory or Hub id), or --checkpoint to use its tokenizer")
+    ckpt = str(local_path(checkpoint, weights=(VISION_PREFIX, AUDIO_PREFIX), what="--checkpoint")) \
+        if checkpoint is not None else None
+    tok = str(local_path(tokenizer, weights=False, what="--tokenizer")) if tokenizer is not None else ckpt
+    return tok, ckpt  # type: ignore[return-value]
+
+
+def layout_line(report: dict) -> str:
+    """The image layout a run wrote next to the one a server uses (the last line ``tokenize`` prints)."""
+    from ..plugins import serving_layout
+
+    written, serving = report["image_layout"], serving_layout("image")
+    images = int(report.get("media", {}).get("image", 0))
+    where = f"{images:,} image{'s' if images != 1 else ''}" if images else "no images in this run"
+    verdict = "the same" if written == serving else "they differ: train/serve skew, recorded in the manifest"
+    return f"image layout: {written} (written, {where}) | {serving} (serving) -- {verdict}"
+
+
 def run(args: argparse.Namespace) -> int:
     from ..offline import TokenizeConfig, tokenize
 
+    tokenizer, checkpoint = resolve_inputs(args.tokenizer, args.checkpoint)
     common = dict(
-        kind=args.kind, sources=args.sources, out=args.out, tokenizer=args.tokenizer, checkpoint=args.checkpoint,
+        kind=args.kind, sources=args.sources, out=args.out, tokenizer=tokenizer, checkpoint=checkpoint,
         work_dir=args.work_dir, image_layout=args.image_layout, resize_policy=args.resize_policy,
         audio_policy=args.audio_policy, batch_size=args.batch_size, batch_codes=args.batch_codes,
         precision=args.precision, workers=args.workers, ray_address=args.ray_address, device=args.device,
-        progress=not args.no_progress, keep_work=args.keep_work, restart=args.restart,
+        progress=not args.no_progress, keep_work=args.keep_work, restart=args.restart, merge=args.merge,
+        plan_files=args.plan_files, plan_bytes=args.plan_bytes, encoders=args.encoders, plan_only=args.plan_only,
     )
     if args.kind == "pretrain":
         cfg = TokenizeConfig(**common, audio_task=args.audio_task, captions=args.captions, window=args.window,
@@ -93,5 +165,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         cfg = TokenizeConfig(**common, without_reasoning=args.without_reasoning, mask_stream=args.mask_stream,
                              media_root=args.media_root)
-    tokenize(cfg)
+    report = tokenize(cfg)
+    print(layout_line(report))
     return 0

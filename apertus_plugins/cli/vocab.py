@@ -12,14 +12,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("vocab", help="summarize a tokenizer directory's id layout",
                        description="Read a tokenizer directory (tokenizer.json + tokenizer_config.json) and "
                                    "print its Apertus 1.5 id layout; exits 1 if the layout is inconsistent.")
-    p.add_argument("dir", help="tokenizer directory (or a checkpoint directory holding one)")
+    p.add_argument("dir", help="tokenizer directory (or a checkpoint directory holding one), or a Hub id ORG/NAME[@REV]")
     p.add_argument("--embedding-rows", type=int, default=None, help="check that the layout fits this embedding")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    spec = VocabSpec.from_tokenizer_dir(args.dir, embedding_rows=args.embedding_rows)
+    from ..hub import local_path
+
+    spec = VocabSpec.from_tokenizer_dir(local_path(args.dir, weights=False, what="tokenizer"),
+                                        embedding_rows=args.embedding_rows)
     summary = spec.summary()
     if args.json:
         print(json.dumps(summary, indent=2))

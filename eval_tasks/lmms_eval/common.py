@@ -6,6 +6,10 @@ A task YAML here names its upstream base (``upstream: chartqa/chartqa.yaml``, re
 output budget). :class:`ApertusTask` loads the upstream YAML with lmms-eval's own loader, applies
 the changes and reads the local copy when one is set (else the upstream hub dataset). Audio stays
 undecoded (``{"bytes", "path"}``) for the ``apertus`` model, which resamples it to 24 kHz itself.
+
+The tasks are lmms-eval 0.7 chat tasks (``ConfigurableMessagesTask``): a request carries the
+document's messages (its images and clips, then its text), which every chat model of lmms-eval
+reads; undecoded audio becomes an ``audio`` part (upstream would take a dict for a video).
 """
 
 from __future__ import annotations
@@ -18,9 +22,22 @@ from eval_tasks.data import load_split, local_path
 
 require("lmms_eval")
 
-from lmms_eval.api.task import ConfigurableTask  # noqa: E402
+from lmms_eval.api.task import ConfigurableMessagesTask  # noqa: E402
 
-__all__ = ["ApertusTask", "upstream_config"]
+__all__ = ["AUDIO_EXTENSIONS", "ApertusTask", "is_audio", "upstream_config"]
+
+#: File extensions read as audio when a visual is a path (or a dict with only a path).
+AUDIO_EXTENSIONS = (".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aac", ".webm")
+
+
+def is_audio(visual: Any) -> bool:
+    """An audio clip as datasets gives it: ``{"array", "sampling_rate"}``, ``{"bytes", "path"}`` or a path."""
+    if isinstance(visual, dict):
+        return any(k in visual for k in ("array", "sampling_rate", "bytes")) or \
+            str(visual.get("path") or "").lower().endswith(AUDIO_EXTENSIONS)
+    if isinstance(visual, (str, Path)):
+        return str(visual).lower().endswith(AUDIO_EXTENSIONS)
+    return False
 
 _OWN_KEYS = ("class", "upstream", "apertus_data", "apertus_drop")
 
@@ -36,8 +53,14 @@ def upstream_config(relative: str) -> dict[str, Any]:
     return load_yaml_config(str(path), mode="full")
 
 
-class ApertusTask(ConfigurableTask):
-    """An upstream task under the name, data setting and budget of its ``apertus_*`` YAML."""
+class ApertusTask(ConfigurableMessagesTask):
+    """An upstream task under the name, data setting and budget of its ``apertus_*`` YAML (a chat task)."""
+
+    @classmethod
+    def _visual_to_content(cls, visual: Any) -> dict[str, Any]:
+        if is_audio(visual):
+            return {"type": "audio", "url": visual}
+        return super()._visual_to_content(visual)
 
     def __init__(self, config: dict[str, Any] | None = None, model_name: str | None = None, **kwargs: Any) -> None:
         own = dict(config or {})

@@ -15,8 +15,9 @@ import yaml
 from conftest import SERVED_NAME
 
 from apertus_plugins.cli.eval_path import include_path
+from apertus_plugins.client import http_json
 from apertus_plugins.evaluation import DEFAULT_DECODING, THINKING_DECODING, stop_strings
-from apertus_plugins.serve import VLLMServer, http_json
+from apertus_plugins.serve import VLLMServer
 
 LM_EVAL = include_path("lm_eval")
 

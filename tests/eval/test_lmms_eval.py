@@ -17,8 +17,9 @@ import pytest
 import yaml
 
 from apertus_plugins.cli.eval_path import include_path
+from apertus_plugins.client import http_json
 from apertus_plugins.evaluation import AUDIO_SAMPLE_RATE, LONG_FORM_ASR_MAX_TOKENS, stop_strings
-from apertus_plugins.serve import VLLMServer, free_port, http_json
+from apertus_plugins.serve import VLLMServer, free_port
 
 LMMS = include_path("lmms_eval")
 IMAGE_TASKS = ["apertus_chartqa", "apertus_ai2d", "apertus_docvqa_val", "apertus_gqa"]
@@ -35,15 +36,30 @@ def _model(**kwargs):
 def _tasks(names: list[str]) -> dict:
     from lmms_eval.tasks import TaskManager, get_task_dict
 
-    return get_task_dict(names, TaskManager(include_path=str(LMMS), include_defaults=False), "simple")
+    return get_task_dict(names, TaskManager(include_path=str(LMMS), include_defaults=False), "chat")
 
 
-def test_the_model_is_registered_through_the_entry_point() -> None:
+def _turn(visuals: list, text: str) -> list[dict]:
+    """One user turn as lmms-eval's chat tasks build it from a document's visuals and text."""
+    from eval_tasks.lmms_eval.common import ApertusTask
+
+    return ApertusTask._build_user_turn(visuals, text)
+
+
+def test_the_model_is_registered_through_the_entry_point_as_a_chat_model(data_env: Path) -> None:
+    from lmms_eval.api.task import ConfigurableMessagesTask
     from lmms_eval.models import get_model
+    from lmms_eval.models.registry_v2 import ModelRegistryV2
 
     from eval_tasks.lmms_model import Apertus
 
-    assert get_model("apertus") is Apertus
+    assert get_model("apertus") is Apertus and get_model("apertus_vllm") is Apertus
+    assert Apertus.is_simple is False
+    registry = ModelRegistryV2()
+    registry.load_entrypoint_manifests()
+    assert registry.resolve("apertus").model_type == "chat"
+    # its tasks are chat tasks: requests carry the document's messages
+    assert isinstance(_tasks(["apertus_chartqa"])["apertus_chartqa"], ConfigurableMessagesTask)
 
 
 def test_image_and_audio_parts() -> None:
@@ -71,7 +87,7 @@ def test_payload_honours_task_stops_caps_and_the_thinking_flag() -> None:
 
     model = _model()
     img = Image.new("RGB", (8, 8))
-    body = model.payload("What is shown?", [img], {"until": ["\n\n"], "max_new_tokens": 64, "temperature": 0})
+    body = model.payload(_turn([img], "What is shown?"), {"until": ["\n\n"], "max_new_tokens": 64, "temperature": 0})
     assert body["model"] == "m" and body["max_tokens"] == 64 and body["temperature"] == 0.0
     assert body["stop"] == ["\n\n", *stop_strings()]
     assert body["skip_special_tokens"] is False and body["chat_template_kwargs"] == {"enable_thinking": False}
@@ -79,13 +95,29 @@ def test_payload_honours_task_stops_caps_and_the_thinking_flag() -> None:
     assert [p["type"] for p in content] == ["image_url", "text"] and content[1]["text"] == "What is shown?"
     assert "top_p" not in body
     # no task cap: the protocol's budget; a model cap replaces the task's
-    assert model.payload("q", [], {})["max_tokens"] == 16384
-    assert _model(max_new_tokens="8").payload("q", [], {"max_new_tokens": 64})["max_tokens"] == 8
-    thinking = _model(enable_thinking="true").payload("q", [], {"max_new_tokens": 64, "temperature": 0})
+    assert model.payload(_turn([], "q"), {})["max_tokens"] == 16384
+    assert _model(max_new_tokens="8").payload(_turn([], "q"), {"max_new_tokens": 64})["max_tokens"] == 8
+    thinking = _model(enable_thinking="true").payload(_turn([], "q"), {"max_new_tokens": 64, "temperature": 0})
     assert thinking["chat_template_kwargs"] == {"enable_thinking": True}
     assert thinking["temperature"] == 0.6 and thinking["top_p"] == 0.95
-    with pytest.raises(TypeError, match="images and audio"):
-        model.payload("q", [object()], {})
+    assert thinking["max_tokens"] == 32768  # the protocol's thinking budget, not the task's (SPEC.md 7)
+    assert _model(enable_thinking="true", max_new_tokens="100").payload(_turn([], "q"), {})["max_tokens"] == 100
+    with pytest.raises(TypeError, match="images and audio; got a video part"):
+        model.payload(_turn(["clip.mp4"], "q"), {})
+    # a conversation keeps its roles and its parts' order; undecoded audio becomes an audio part
+    clip = {"bytes": _wav_bytes(), "path": "clip.wav"}
+    conv = [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]}, *_turn([clip, img], "Which?")]
+    sent = model.payload(conv, {})["messages"]
+    assert [m["role"] for m in sent] == ["system", "user"] and sent[0]["content"] == [{"type": "text", "text": "Be brief."}]
+    assert [p["type"] for p in sent[1]["content"]] == ["input_audio", "image_url", "text"]
+
+
+def _wav_bytes() -> bytes:
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros(1600, dtype=np.float32), 16000, format="WAV")
+    return buf.getvalue()
 
 
 def test_payload_caps_at_the_context_length_and_passes_sampling_parameters() -> None:
@@ -93,11 +125,11 @@ def test_payload_caps_at_the_context_length_and_passes_sampling_parameters() -> 
 
     model = _model()
     model.max_model_len = 4096  # what /v1/models reported
-    assert model.payload("q", [], {})["max_tokens"] == 4096
-    assert model.payload("q", [], {"max_new_tokens": 64})["max_tokens"] == 64
+    assert model.payload(_turn([], "q"), {})["max_tokens"] == 4096
+    assert model.payload(_turn([], "q"), {"max_new_tokens": 64})["max_tokens"] == 64
     gen = {"seed": 7, "top_k": 5, "min_p": 0.1, "min_tokens": 2, "repetition_penalty": 1.1, "presence_penalty": 0.5,
            "frequency_penalty": 0.25, "logit_bias": {"17": 100}, "do_sample": False, "image_aspect_ratio": "pad"}
-    body = model.payload("q", [], gen)
+    body = model.payload(_turn([], "q"), gen)
     assert {k: body[k] for k in PASSTHROUGH} == {k: gen[k] for k in PASSTHROUGH}
     assert "do_sample" not in body and "image_aspect_ratio" not in body  # harness settings stay out
 
@@ -120,7 +152,7 @@ def test_an_unreachable_server_is_a_clear_error() -> None:
         Apertus(base_url=url)
     model = Apertus(base_url=url, model="m", max_retries=1, timeout=5)
     with pytest.raises(ServerUnreachable, match=r"request to .*/chat/completions \(model m\) failed after 1"):
-        model._post(model.payload("q", [], {}))
+        model._post(model.payload(_turn([], "q"), {}))
 
 
 def test_the_served_model_and_its_context_length(vllm_server: VLLMServer) -> None:
@@ -149,7 +181,7 @@ def test_wrapped_tasks_read_local_images_and_audio(data_env: Path) -> None:
             assert all(isinstance(v, Image.Image) for v in visuals), name
         else:
             assert len(visuals) == 1 and visuals[0]["path"].endswith(".wav"), name  # undecoded
-        body = model.payload(task.doc_to_text(docs[0]), visuals, task.config.generation_kwargs)
+        body = model.payload(task.doc_to_messages(docs[0]), task.config.generation_kwargs)
         kinds = [p["type"] for p in body["messages"][0]["content"]]
         assert kinds == ["image_url" if name in IMAGE_TASKS else "input_audio", "text"], name
         cap = LONG_FORM_ASR_MAX_TOKENS if name == "apertus_tedlium_long_form" else 16384
@@ -320,22 +352,36 @@ def test_lmms_eval_runs_image_and_audio_tasks_end_to_end(vllm_server: VLLMServer
     wrapper sent, receives the task's cap and stops, and the tasks score the answers without thinking."""
     from apertus_plugins.checkpoint import read_checkpoint_config
     from apertus_plugins.evaluation import strip_thinking
-    from eval_tasks.lmms_model import Apertus, media_parts
+    from eval_tasks.lmms_model import Apertus, openai_messages
 
     tasks = _tasks(E2E_TASKS)
     model = Apertus(base_url=vllm_server.base_url)
     assert model._context_length() == 4096  # the served max_model_len caps the protocol's 16,384 tokens
-    uncapped = {**model.payload("q", [], {"max_new_tokens": 16384}), "max_tokens": 16384}
+    uncapped = {**model.payload(_turn([], "q"), {"max_new_tokens": 16384}), "max_tokens": 16384}
     status, refusal = http_json(vllm_server.base_url + "/chat/completions", uncapped, timeout=60)
     assert status == 400 and "4096" in str(refusal), (status, refusal)  # why the wrapper caps
-    assert model.payload("q", [], {"max_new_tokens": 16384})["max_tokens"] == 4096
+    assert model.payload(_turn([], "q"), {"max_new_tokens": 16384})["max_tokens"] == 4096
+    # the cap leaves room for the prompt: prompt ids (the server's own /tokenize) + cap fit the context
+    words = 400
+    for _ in range(3):  # a prompt that fills all but a few dozen ids of the context
+        long = model.payload(_turn([], "alpha beta gamma " * words), {"max_new_tokens": 16384})
+        n = model.prompt_length(long)
+        words = max(1, int(words * (4096 - 40) / n))
+    assert 3900 < n < 4096, n
+    status, refusal = http_json(vllm_server.base_url + "/chat/completions", long, timeout=120)
+    assert status == 400, (status, refusal)  # a cap of the whole context: prompt + cap exceed it
+    fitted = model.fit_to_context(long, "a long prompt")
+    assert fitted["max_tokens"] == 4096 - n
+    status, reply = http_json(vllm_server.base_url + "/chat/completions", fitted, timeout=600)
+    assert status == 200, reply
+    with pytest.raises(ValueError, match="fills the served context"):
+        model.fit_to_context(model.payload(_turn([], "alpha beta gamma " * (words * 2)), {}), "an overlong prompt")
     docs = {name: list(tasks[name].test_docs()) for name in E2E_TASKS}
     assert all(len(d) == 2 for d in docs.values())
 
     def body(name: str, doc: dict, **gen) -> dict:
         task = tasks[name]
-        return model.payload(task.doc_to_text(doc), task.doc_to_visual(doc),
-                             {**task.config.generation_kwargs, "max_new_tokens": CAP, **gen})
+        return model.payload(task.doc_to_messages(doc), {**task.config.generation_kwargs, "max_new_tokens": CAP, **gen})
 
     log_start = codes_log.stat().st_size if codes_log.exists() else 0
     # a stop string the first ChartQA answer contains, so the run shows it cutting a generation short
@@ -401,7 +447,7 @@ def test_lmms_eval_runs_image_and_audio_tasks_end_to_end(vllm_server: VLLMServer
     got = {(r["modality"], tuple(r["shape"]), tuple(r["codes"])) for r in logged}
     for name in E2E_TASKS:
         for doc in docs[name]:
-            parts = media_parts(tasks[name].doc_to_visual(doc))
+            parts = openai_messages(tasks[name].doc_to_messages(doc))[0]["content"][:-1]
             (kind, shape, codes), = _expected_media(tiny_model_dir, parts)
             assert (kind, shape, codes) in got, (name, kind, shape)
             text_only = _probe(vllm_server, {**body(name, doc), "max_tokens": 1,

@@ -1,0 +1,162 @@
+"""Hub ids resolved from a local Hugging Face cache, offline, laid out as huggingface_hub writes it.
+
+The cache is written by :func:`apertus_plugins.hub.add_to_cache` and read back by huggingface_hub's
+own cache scanner and lookups, so the layout is the library's, not ours; every resolution runs with
+``HF_HUB_OFFLINE=1`` (no network here, and none is attempted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from apertus_plugins.checkpoint import SIZES, text_config_dict
+from apertus_plugins.cli import main
+from apertus_plugins.hub import METADATA_PATTERNS, HubError, add_to_cache, local_path, parse_hub_id
+from apertus_plugins.tokenizer_builder import build_test_tokenizer
+from apertus_plugins.vocab import VocabSpec
+
+REPO = "apertus-test/Apertus-tiny"
+SHARDS = ("model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors")
+
+
+def _safetensors(path: Path, shapes: dict[str, list[int]]) -> None:
+    header, offset = {}, 0
+    for name, shape in shapes.items():
+        size = int(np.prod(shape)) * 4
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(offset))
+
+
+@pytest.fixture()
+def checkpoint(tmp_path: Path) -> Path:
+    """A torch-free stand-in of a released checkpoint in three shards: the embedding, the head, the encoders."""
+    spec = VocabSpec.scaled()
+    d = build_test_tokenizer(tmp_path / "ckpt", spec)
+    text = text_config_dict(SIZES["tiny"], spec)
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "apertus1p5", "text_config": text, "image_token_id": spec.id("image"),
+        "audio_token_id": spec.id("audio"), "image_token_offset": spec.modality("image").offset,
+        "audio_token_offset": spec.modality("audio").offset}))
+    (d / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": [spec.eos_id, spec.id("assistant_end"), spec.id("tools_suffix")]}))
+    tensors = {SHARDS[0]: {"model.language_model.embed_tokens.weight": [text["vocab_size"], text["hidden_size"]]},
+               SHARDS[1]: {"lm_head.weight": [spec.text_size, text["hidden_size"]]},
+               SHARDS[2]: {"model.vision_tokenizer.quant_conv.weight": [4, 4], "model.audio_tokenizer.x": [2]}}
+    for shard, shapes in tensors.items():
+        _safetensors(d / shard, shapes)
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {name: shard for shard, shapes in tensors.items() for name in shapes}}))
+    return d
+
+
+@pytest.fixture()
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty Hub cache the resolver reads, offline."""
+    root = tmp_path / "hf-cache"
+    root.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(root))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return root
+
+
+def test_hub_ids_and_paths_are_told_apart() -> None:
+    assert parse_hub_id("swiss-ai/Apertus-v1.5-8B") == ("swiss-ai/Apertus-v1.5-8B", None)
+    assert parse_hub_id("swiss-ai/Apertus-v1.5-8B@stage-sft") == ("swiss-ai/Apertus-v1.5-8B", "stage-sft")
+    for path in ("/abs/ckpt", "./ckpt", "../ckpt", "~/ckpt", "runs/a/b", "a--b/c", "org/name@", ".hidden", "gpt2",
+                 "ckpt@main"):
+        assert parse_hub_id(path) is None, path
+
+
+def test_the_written_cache_is_huggingface_hubs_own_layout(checkpoint: Path, cache: Path) -> None:
+    from huggingface_hub import scan_cache_dir, try_to_load_from_cache
+
+    snap = add_to_cache(checkpoint, REPO, cache=cache)
+    store = cache / "models--apertus-test--Apertus-tiny"
+    assert sorted(p.name for p in store.iterdir()) == ["blobs", "refs", "snapshots"]
+    assert (store / "refs" / "main").read_text() == snap.name and len(snap.name) == 40
+    links = [f for f in snap.rglob("*") if not f.is_dir()]
+    assert links and all(f.is_symlink() and not os.path.isabs(os.readlink(f)) and f.resolve().parent.name == "blobs"
+                         for f in links)
+    info = scan_cache_dir(cache)
+    (repo,) = info.repos
+    assert repo.repo_id == REPO and repo.repo_type == "model" and not info.warnings
+    (rev,) = repo.revisions
+    assert rev.commit_hash == snap.name and rev.refs == {"main"}
+    assert {str(f.file_path.relative_to(snap)) for f in rev.files} == {
+        str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*") if p.is_file()}
+    # LFS files are named by their sha256, others by their git blob sha1, as the Hub names them
+    import hashlib
+
+    shard = (checkpoint / SHARDS[0]).read_bytes()
+    assert os.readlink(snap / SHARDS[0]).endswith(hashlib.sha256(shard).hexdigest())
+    config = (checkpoint / "config.json").read_bytes()
+    assert os.readlink(snap / "config.json").endswith(hashlib.sha1(b"blob %d\0" % len(config) + config).hexdigest())
+    assert try_to_load_from_cache(REPO, "config.json", cache_dir=cache) == str(snap / "config.json")
+
+
+def test_an_id_resolves_to_its_snapshot_with_what_the_caller_needs(checkpoint: Path, cache: Path) -> None:
+    snap = add_to_cache(checkpoint, REPO, cache=cache)
+    assert local_path(REPO) == snap
+    assert local_path(f"{REPO}@main", weights=False) == snap
+    assert local_path(f"{REPO}@{snap.name}") == snap
+    assert local_path(str(checkpoint)) == checkpoint  # a directory is used as it is
+
+
+def test_only_the_shards_holding_the_encoders_are_needed(checkpoint: Path, cache: Path) -> None:
+    # a cache holding the small files and the encoder shard only, as allow_patterns leaves it
+    import fnmatch
+
+    small = [str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*") if p.is_file() and p.suffix != ".safetensors"]
+    assert all(any(fnmatch.fnmatch(n, pat) for pat in METADATA_PATTERNS) for n in small), small
+    snap = add_to_cache(checkpoint, REPO, cache=cache, files=[*small, SHARDS[2]])
+    got = local_path(REPO, weights=("model.vision_tokenizer.", "model.audio_tokenizer."))
+    assert got == snap and (got / SHARDS[2]).is_file() and not (got / SHARDS[0]).exists()
+    assert local_path(REPO, weights=False) == snap  # a tokenizer needs no weights
+    with pytest.raises(HubError, match=rf"'{REPO}': the snapshot .* lacks {SHARDS[0]}, {SHARDS[1]} "
+                                       r"\(a partial download; HF_HUB_OFFLINE is set\)"):
+        local_path(REPO)  # the whole checkpoint: two shards are missing
+    with pytest.raises(HubError, match=r"lacks model-00001-of-00003.safetensors \(a partial"):
+        local_path(REPO, weights=("model.language_model.",))
+    with pytest.raises(HubError, match="names no tensor under model.nothing."):
+        local_path(REPO, weights=("model.nothing.",))
+
+
+def test_an_id_that_is_neither_a_directory_nor_cached_offline_is_a_clear_error(cache: Path, tmp_path: Path) -> None:
+    with pytest.raises(HubError, match=r"checkpoint 'swiss-ai/Apertus-v1\.5-8B': not a local directory, and the Hub "
+                                       r"model swiss-ai/Apertus-v1\.5-8B is not in the Hugging Face cache .*hf-cache "
+                                       r"\(HF_HUB_OFFLINE is set"):
+        local_path("swiss-ai/Apertus-v1.5-8B")
+    with pytest.raises(HubError, match=r"Apertus-v1\.5-8B@stage-sft is not in the Hugging Face cache"):
+        local_path("swiss-ai/Apertus-v1.5-8B@stage-sft", weights=False)
+    with pytest.raises(HubError, match=r"checkpoint '/no/such/dir': no such file or directory \(and not a Hub"):
+        local_path("/no/such/dir")
+    with pytest.raises(HubError, match=r"checkpoint 'ckpt': no such file or directory \(and not a Hub"):
+        local_path("ckpt")  # a bare name is a local path
+
+
+def test_doctor_vocab_and_inspect_take_a_hub_id(checkpoint: Path, cache: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from apertus_plugins.indexed import write_indexed_dataset
+
+    add_to_cache(checkpoint, REPO, cache=cache)
+    assert main(["doctor", REPO, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["checkpoint"].endswith(str(Path("snapshots") / local_path(REPO).name))
+    assert report["ok"] and {r["status"] for r in report["checks"]} == {"pass"}, report["checks"]
+    assert main(["doctor", "apertus-test/missing", "--json"]) == 2
+    assert "apertus-test/missing is not in the Hugging Face cache" in capsys.readouterr().err
+    assert main(["vocab", f"{REPO}@main", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["total"] == VocabSpec.scaled().size
+    spec = VocabSpec.scaled()
+    write_indexed_dataset(tmp_path / "ds", [[spec.id("assistant_start"), 100, spec.id("assistant_end")]])
+    assert main(["inspect", str(tmp_path / "ds"), "--tokenizer", REPO]) == 0
+    assert "<|assistant_end|>" in capsys.readouterr().out
