@@ -39,23 +39,23 @@ from typing import Any
 from .encoders.config import AudioTokenizerConfig, VisionTokenizerConfig
 from .media import audio as media_audio
 from .media import image as media_image
+from .release import (
+    CONTEXT_LENGTH,
+    STOP_TOKENS,
+    TERMINATOR,
+    XIELU_ALPHA_INIT,
+    XIELU_BETA,
+    XIELU_EPS,
+    rope_parameters,
+)
 from .tensor_names import AUDIO_PREFIX, EMBEDDING, LANGUAGE_MODEL_PREFIX, LM_HEAD, VISION_PREFIX
 from .vocab import VocabSpec
 
 __all__ = [
     "TextSize", "SIZES", "write_checkpoint", "CheckpointConfig", "read_checkpoint_config", "parse_size",
-    "text_config_dict", "ROPE_THETA", "ROPE_FACTOR", "ROPE_ORIGINAL_CONTEXT", "CONTEXT_LENGTH", "INITS",
+    "text_config_dict", "INITS",
 ]
 
-#: RoPE at the end of context extension (SPEC.md 5): llama3 scaling, base 4M, factor 32 over 8,192.
-ROPE_THETA = 4_000_000.0
-ROPE_FACTOR = 32.0
-ROPE_ORIGINAL_CONTEXT = 8192
-CONTEXT_LENGTH = 262_144
-#: xIELU initial values (SPEC.md 5): alpha_p = alpha_n = 0.8, beta 0.5, eps -1e-6.
-XIELU_ALPHA = 0.8
-XIELU_BETA = 0.5
-XIELU_EPS = -1e-6
 _LM_DTYPES = ("float32", "bfloat16")
 #: Language-model initializations of :func:`write_checkpoint` (see the module docstring).
 INITS = ("standard", "varied")
@@ -116,14 +116,7 @@ def text_config_dict(size: TextSize, spec: VocabSpec, max_position_embeddings: i
         "output_vocab_size": spec.text_size,
         "pad_token_id": spec.pad_id,
         "rms_norm_eps": 1e-5,
-        "rope_parameters": {
-            "factor": ROPE_FACTOR,
-            "high_freq_factor": 4.0,
-            "low_freq_factor": 1.0,
-            "original_max_position_embeddings": ROPE_ORIGINAL_CONTEXT,
-            "rope_theta": ROPE_THETA,
-            "rope_type": "llama3",
-        },
+        "rope_parameters": dict(sorted(rope_parameters().items())),
         "tie_word_embeddings": False,
         "use_cache": True,
         "vocab_size": spec.embedding_rows or spec.size,
@@ -186,7 +179,7 @@ def _processor_config() -> dict[str, Any]:
 def _generation_config(spec: VocabSpec) -> dict[str, Any]:
     return {
         "bos_token_id": spec.bos_id,
-        "eos_token_id": [spec.eos_id, spec.id("assistant_end"), spec.id("tools_suffix")],
+        "eos_token_id": [spec.id(TERMINATOR)] + [spec.id(name) for name in STOP_TOKENS],
         "pad_token_id": spec.pad_id,
     }
 
@@ -231,8 +224,8 @@ def _language_model_tensors(size: TextSize, spec: VocabSpec, gen: Any, dtype: An
             pre + "self_attn.k_norm.weight": ones(head_dim),
             pre + "mlp.up_proj.weight": normal(inter, h),
             pre + "mlp.down_proj.weight": normal(h, inter),
-            pre + "mlp.act_fn.alpha_p": alpha(XIELU_ALPHA),
-            pre + "mlp.act_fn.alpha_n": alpha(XIELU_ALPHA - XIELU_BETA),
+            pre + "mlp.act_fn.alpha_p": alpha(XIELU_ALPHA_INIT),
+            pre + "mlp.act_fn.alpha_n": alpha(XIELU_ALPHA_INIT - XIELU_BETA),
             pre + "mlp.act_fn.beta": torch.tensor(XIELU_BETA, dtype=dtype),
             pre + "mlp.act_fn.eps": torch.tensor(XIELU_EPS, dtype=dtype),
             pre + "attention_layernorm.weight": ones(h),

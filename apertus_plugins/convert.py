@@ -46,6 +46,14 @@ import torch
 
 from apertus_plugins import xielu as _xielu
 
+from .release import (
+    ROPE_FACTOR,
+    ROPE_HIGH_FREQ_FACTOR,
+    ROPE_LOW_FREQ_FACTOR,
+    ROPE_ORIGINAL_CONTEXT,
+    ROPE_THETA,
+    ROPE_TYPE,
+)
 from .tensor_names import ENCODER_PREFIXES, LANGUAGE_MODEL_PREFIX, LM_HEAD
 
 __all__ = [
@@ -75,7 +83,8 @@ PASSTHROUGH_PREFIXES = ENCODER_PREFIXES
 #: Fraction of the mean norm of the existing rows given to new embedding/head rows (SPEC.md 5).
 NEW_ROW_SCALE = 0.1
 #: The llama3 constants megatron-core's ``RotaryEmbedding`` applies (it exposes only the factor).
-MEGATRON_LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+MEGATRON_LLAMA3_FIXED = {"low_freq_factor": ROPE_LOW_FREQ_FACTOR, "high_freq_factor": ROPE_HIGH_FREQ_FACTOR,
+                         "original_max_position_embeddings": ROPE_ORIGINAL_CONTEXT}
 
 
 class ConversionError(ValueError):
@@ -88,11 +97,11 @@ class RopeScaling:
     """RoPE parameters: ``rope_type`` ``"llama3"`` (with ``factor`` and the llama3 constants) or ``"default"``."""
 
     theta: float
-    rope_type: str = "llama3"
+    rope_type: str = ROPE_TYPE
     factor: float = 1.0
-    original_max_position_embeddings: int = 8192
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = ROPE_ORIGINAL_CONTEXT
+    low_freq_factor: float = ROPE_LOW_FREQ_FACTOR
+    high_freq_factor: float = ROPE_HIGH_FREQ_FACTOR
 
     @classmethod
     def from_hf(cls, cfg: Mapping[str, Any]) -> RopeScaling:
@@ -107,15 +116,15 @@ class RopeScaling:
         if "rope_theta" not in params:
             raise ConversionError("the text config has no rope_theta (rope_parameters or rope_theta)")
         rope_type = params.get("rope_type", "default")
-        if rope_type not in ("llama3", "default"):
-            raise ConversionError(f"rope_type {rope_type!r} has no Megatron equivalent here (llama3 or default)")
+        if rope_type not in (ROPE_TYPE, "default"):
+            raise ConversionError(f"rope_type {rope_type!r} has no Megatron equivalent here ({ROPE_TYPE} or default)")
         if rope_type == "default":
             return cls(theta=float(params["rope_theta"]), rope_type="default")
         missing = [k for k in ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor")
                    if k not in params]
         if missing:
             raise ConversionError(f"llama3 rope_parameters lack {missing}")
-        return cls(theta=float(params["rope_theta"]), rope_type="llama3", factor=float(params["factor"]),
+        return cls(theta=float(params["rope_theta"]), rope_type=ROPE_TYPE, factor=float(params["factor"]),
                    original_max_position_embeddings=int(params["original_max_position_embeddings"]),
                    low_freq_factor=float(params["low_freq_factor"]), high_freq_factor=float(params["high_freq_factor"]))
 
@@ -123,7 +132,7 @@ class RopeScaling:
         """The ``rope_parameters`` dictionary of a transformers 5 config."""
         if self.rope_type == "default":
             return {"rope_type": "default", "rope_theta": self.theta}
-        return {"rope_type": "llama3", "rope_theta": self.theta, "factor": self.factor,
+        return {"rope_type": ROPE_TYPE, "rope_theta": self.theta, "factor": self.factor,
                 "original_max_position_embeddings": self.original_max_position_embeddings,
                 "low_freq_factor": self.low_freq_factor, "high_freq_factor": self.high_freq_factor}
 
@@ -131,9 +140,9 @@ class RopeScaling:
         """``rotary_base``, ``use_rope_scaling``, ``rope_scaling_factor``; raises if Megatron cannot hold it."""
         if self.theta != int(self.theta):
             raise ConversionError(f"rope_theta {self.theta} is not an integer; Megatron's --rotary-base is an int")
-        out: dict[str, Any] = {"rotary_base": int(self.theta), "use_rope_scaling": self.rope_type == "llama3",
-                               "rope_scaling_factor": self.factor if self.rope_type == "llama3" else 8.0}
-        if self.rope_type == "llama3":
+        out: dict[str, Any] = {"rotary_base": int(self.theta), "use_rope_scaling": self.rope_type == ROPE_TYPE,
+                               "rope_scaling_factor": self.factor if self.rope_type == ROPE_TYPE else 8.0}
+        if self.rope_type == ROPE_TYPE:
             got = {"low_freq_factor": self.low_freq_factor, "high_freq_factor": self.high_freq_factor,
                    "original_max_position_embeddings": self.original_max_position_embeddings}
             bad = {k: v for k, v in got.items() if float(v) != float(MEGATRON_LLAMA3_FIXED[k])}
@@ -154,7 +163,7 @@ class RopeScaling:
             raise ConversionError(f"position_embedding_type {get('position_embedding_type')!r}: Apertus uses rope")
         if not get("use_rope_scaling", False):
             return cls(theta=float(theta), rope_type="default")
-        return cls(theta=float(theta), rope_type="llama3", factor=float(get("rope_scaling_factor", 8.0)),
+        return cls(theta=float(theta), rope_type=ROPE_TYPE, factor=float(get("rope_scaling_factor", 8.0)),
                    **{k: type(v)(v) for k, v in MEGATRON_LLAMA3_FIXED.items()})
 
 
@@ -172,7 +181,7 @@ class ModelShape:
     head_rows: int
     norm_epsilon: float
     max_position_embeddings: int
-    rope: RopeScaling = field(default_factory=lambda: RopeScaling(theta=12_000_000.0, factor=8.0))
+    rope: RopeScaling = field(default_factory=lambda: RopeScaling(theta=ROPE_THETA, factor=ROPE_FACTOR))
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_query_groups:
@@ -527,19 +536,23 @@ SIDE_FILE_PATTERNS = ("*.json", "*.jinja", "*.txt", "*.model", "*.tiktoken", "*.
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 
 
-def read_hf_checkpoint(path: str | Any) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, bytes]]:
+def read_hf_checkpoint(path: str | Any, *, progress: bool = False
+                       ) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, bytes]]:
     """Read a released checkpoint directory: ``(tensors, config, side files)``.
 
     Weights come from ``model.safetensors`` or the shards named by ``model.safetensors.index.json``;
     side files are the other small files (tokenizer, generation and processor configs, templates),
-    kept byte for byte.
+    kept byte for byte. ``progress`` shows a tqdm bar over the shards. ``path`` may be a Hub id
+    (``ORG/NAME[@REVISION]``, :mod:`apertus_plugins.hub`).
     """
     import json
-    from pathlib import Path
 
     from safetensors.torch import load_file
+    from tqdm import tqdm
 
-    root = Path(path)
+    from .hub import local_path
+
+    root = local_path(path, weights=True, what="checkpoint")
     cfg_file = root / "config.json"
     if not cfg_file.is_file():
         raise ConversionError(f"{root}: no config.json (not a transformers checkpoint directory)")
@@ -552,7 +565,7 @@ def read_hf_checkpoint(path: str | Any) -> tuple[dict[str, torch.Tensor], dict[s
     else:
         raise ConversionError(f"{root}: no model.safetensors or model.safetensors.index.json")
     tensors: dict[str, torch.Tensor] = {}
-    for f in files:
+    for f in tqdm(files, desc=f"reading {root.name}", unit="shard", disable=not progress):
         if not (root / f).is_file():
             raise ConversionError(f"{root}: shard {f} named by the index is missing")
         for k, v in load_file(str(root / f)).items():
@@ -584,12 +597,14 @@ def replace_dir(tmp: Any, final: Any) -> None:
 
 
 def write_hf_checkpoint(path: str | Any, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any],
-                        side_files: Mapping[str, bytes] | None = None, *, max_shard_bytes: int = 5 << 30) -> None:
+                        side_files: Mapping[str, bytes] | None = None, *, max_shard_bytes: int = 5 << 30,
+                        progress: bool = False) -> None:
     """Write a transformers checkpoint directory (config, side files, safetensors shards with an index).
 
     Everything is written into a temporary sibling directory that replaces ``path`` at the end, so
     a crash leaves the old directory (or none), never a partial one. ``config.json`` is written as
-    transformers writes it (sorted keys, two-space indent, final newline).
+    transformers writes it (sorted keys, two-space indent, final newline). ``progress`` shows a
+    tqdm bar over the bytes written.
     """
     import json
     import os
@@ -597,6 +612,7 @@ def write_hf_checkpoint(path: str | Any, tensors: Mapping[str, torch.Tensor], co
     from pathlib import Path
 
     from safetensors.torch import save_file
+    from tqdm import tqdm
 
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -620,8 +636,12 @@ def write_hf_checkpoint(path: str | Any, tensors: Mapping[str, torch.Tensor], co
             files = {"model.safetensors": shards[0]}
         else:
             files = {f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors": s for i, s in enumerate(shards)}
-        for fname, keys in files.items():
-            save_file({k: tensors[k].contiguous() for k in keys}, str(root / fname), metadata={"format": "pt"})
+        total_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        with tqdm(total=total_bytes, desc=f"writing {final.name}", unit="B", unit_scale=True,
+                  disable=not progress) as bar:
+            for fname, keys in files.items():
+                save_file({k: tensors[k].contiguous() for k in keys}, str(root / fname), metadata={"format": "pt"})
+                bar.update(sum(tensors[k].numel() * tensors[k].element_size() for k in keys))
         if len(files) > 1:
             total = sum(t.numel() * t.element_size() for t in tensors.values())
             index = {"metadata": {"total_size": total},

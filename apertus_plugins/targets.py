@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from apertus_plugins.vocab import TASK_CONTROL_MARKERS, VocabSpec
+from apertus_plugins.vocab import TASK_CONTROL_MARKERS, VocabSpec, default_spec
 
 from ._arrays import like as _like
 from ._arrays import to_numpy as _to_numpy
@@ -119,7 +119,7 @@ def sft_mask(ids: Any, spec: VocabSpec | None = None, *, start_inside: StartStat
 
     Args:
         ids: token ids of length ``L`` (1-D) or ``(B, L)``.
-        spec: the vocabulary layout (default ``VocabSpec()``).
+        spec: the vocabulary layout (default: the released layout, ``vocab.default_spec()``).
         start_inside: the state before ``ids[0]`` when the sequence was cut out of a longer one:
             ``"none"`` (outside any turn), ``"assistant"`` (inside an assistant turn),
             ``"tool_output"`` (inside a tool output of an assistant turn), or ``"auto"``: inferred
@@ -148,7 +148,7 @@ def sft_mask(ids: Any, spec: VocabSpec | None = None, *, start_inside: StartStat
 
     Thinking delimiters and tool-call markers are plain tokens: trained inside assistant turns.
     """
-    spec = spec or _default_spec()
+    spec = spec or default_spec()
     if start_inside not in ("auto", "none", "assistant", "tool_output"):
         raise ValueError(f"start_inside must be auto, none, assistant or tool_output, got {start_inside!r}")
     arr, src = _to_numpy(ids)
@@ -247,7 +247,7 @@ class TargetConfig:
     def preset(cls, name: str, spec: VocabSpec | None = None) -> TargetConfig:
         """``"all"``: every modality predicted (stage 1). ``"text-only"``: content codes weigh 0 and
         the task-control markers are excluded (stage 2 on)."""
-        spec = spec or _default_spec()
+        spec = spec or default_spec()
         if name == "all":
             return cls()
         if name == "text-only":
@@ -303,7 +303,7 @@ def pretraining_targets(
 
     Args:
         ids: input ids of length ``L`` (or ``(B, L)``); labels are ``ids[1:]``.
-        spec: the vocabulary layout (default ``VocabSpec()``).
+        spec: the vocabulary layout (default: the released layout, ``vocab.default_spec()``).
         config: a :class:`TargetConfig` or a preset name (``"all"``, ``"text-only"``).
         step: the training step, needed when a modality weight is scheduled.
         goldfish: keyword arguments of :func:`apertus_plugins.goldfish.goldfish_drop` (``k``, ``h``,
@@ -312,7 +312,7 @@ def pretraining_targets(
     Weight of label ``j`` (``ids[j+1]``): the weight of its modality at ``step``; 0 if it is an
     excluded id; 0 if its input ``ids[j]`` is the end-of-document token; 0 if Goldfish drops it.
     """
-    spec = spec or _default_spec()
+    spec = spec or default_spec()
     cfg = TargetConfig.preset(config, spec) if isinstance(config, str) else config
     arr, src = _to_numpy(ids)
     if arr.ndim not in (1, 2):
@@ -336,10 +336,4 @@ def pretraining_targets(
     return TargetWeights(weights=_like(weights.astype(np.float32, copy=False), src), modality=_like(modality, src))
 
 
-_DEFAULT: list[VocabSpec] = []
 
-
-def _default_spec() -> VocabSpec:
-    if not _DEFAULT:
-        _DEFAULT.append(VocabSpec())
-    return _DEFAULT[0]

@@ -16,6 +16,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+from .release import CONTEXT_LENGTH
 from .vocab import ALIASES, CHAT_TOKENS, LEGACY_REWRITES, NON_SPECIAL_CHAT, VocabSpec
 
 __all__ = ["build_test_tokenizer", "byte_to_unicode", "SAMPLE_CORPUS"]
@@ -196,7 +197,7 @@ def build_test_tokenizer(out_dir: str | Path, spec: VocabSpec | None = None, n_m
         "add_bos_token": True,
         "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
-        "model_max_length": 262144,
+        "model_max_length": CONTEXT_LENGTH,
         "vocab_size": spec.text_size,
         "extra_special_tokens": media,
         "omnimodal_config": spec.omnimodal_config(),

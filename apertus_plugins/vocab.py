@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
@@ -528,6 +528,7 @@ def _parse_omnimodal_config(omni: Mapping[str, Any], source: Path) -> tuple[int,
     return int(offset), int(size), sorted(ranges, key=lambda r: r.offset)
 
 
+@cache
 def default_spec() -> VocabSpec:
-    """The released Apertus 1.5 layout."""
+    """The released Apertus 1.5 layout, one instance per process (a spec is immutable)."""
     return VocabSpec()

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import torch
 
+from .release import XIELU_ALPHA_INIT, XIELU_BETA, XIELU_EPS
+
 __all__ = ["BETA", "EPS", "ALPHA_INIT", "initial_parameters", "xielu"]
 
-BETA = 0.5
-EPS = -1e-6
-#: Initial alpha_p and alpha_n (after the softplus).
-ALPHA_INIT = 0.8
+#: beta, eps and the initial alpha_p = alpha_n (after the softplus), from the release's constants.
+BETA = XIELU_BETA
+EPS = XIELU_EPS
+ALPHA_INIT = XIELU_ALPHA_INIT
 
 
 def initial_parameters(dtype: torch.dtype = torch.float32, alpha_p: float = ALPHA_INIT,

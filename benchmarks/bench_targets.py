@@ -31,7 +31,7 @@ from apertus_plugins.goldfish import goldfish_drop, goldfish_table  # noqa: E402
 from apertus_plugins.indexed import IndexedDataset, IndexedDatasetWriter  # noqa: E402
 from apertus_plugins.packing import best_fit_decreasing  # noqa: E402
 from apertus_plugins.targets import sft_mask  # noqa: E402
-from apertus_plugins.vocab import VocabSpec  # noqa: E402
+from apertus_plugins.vocab import VocabSpec, default_spec  # noqa: E402
 
 
 def best_of(fn: Callable[[], object], repeat: int = 20) -> float:
@@ -76,7 +76,7 @@ def main() -> int:
     ap.add_argument("--seq-length", type=int, default=16_384, help="tokens per sample")
     ap.add_argument("--samples", type=int, default=2048, help="samples in the dataset (default 2048: 128 MiB)")
     args = ap.parse_args()
-    spec = VocabSpec()
+    spec = default_spec()
     rng = np.random.default_rng(0)
     seq = args.seq_length
 
@@ -101,7 +101,7 @@ def main() -> int:
         trained = float(sft_mask(sample, spec).mean())
 
     goldfish_table()  # loaded once per process
-    labels = rng.integers(75, spec.size, 4_000_000)
+    labels = rng.integers(75, spec.size, 4 << 20)  # 4 Mi labels
     gf = {v: labels.size / best_of(lambda v=v: goldfish_drop(labels, k=50, h=50, variant=v, spec=spec), 5)
           for v in ("hashtable", "order-sensitive")}
     batch = np.stack([read_row[1:] for read_row in [sample] * 8])

@@ -107,7 +107,8 @@ def random_png(seed: int, side: int = 512) -> str:
 def image_request_shares(model_dir: Path, dtype: str, codes_log: Path, requests: int,
                          max_tokens: int) -> list[tuple[float, float]]:
     """(request latency, seconds in the vision tokenizer) for ``requests`` requests, each with a new 512x512 image."""
-    from apertus_plugins.serve import CPU_ARGS, VLLMServer, http_json
+    from apertus_plugins.client import http_json
+    from apertus_plugins.serve import CPU_ARGS, VLLMServer
 
     out = []
     args = [*CPU_ARGS, "--dtype", dtype, "--served-model-name", "apertus"]

@@ -14,7 +14,19 @@ already built and a changed requirements file gets a new one. The package's meta
 scripts, entry points) is installed into the environment from this checkout (editable, no
 dependencies) when it changes; the code under test is this checkout's, through ``PYTHONPATH``.
 A suite that also uses another suite's environment (a test that starts a vLLM server) names it
-in ``tests/<suite>/needs.txt``; its interpreter is passed as ``APERTUS_PYTHON_<SUITE>``.
+in ``tests/<suite>/needs.txt``; its interpreter is passed as ``APERTUS_PYTHON_<SUITE>`` (``-``
+becomes ``_``). A suite whose ``tests/<suite>/python.txt`` says ``3.12`` gets its environment from
+``python3.12`` (on PATH, or under pyenv's ``versions/`` when the PATH entry is a shim that does not
+run), else from the interpreter running this script. The suites run with ``HF_HUB_OFFLINE=1``
+unless it is set: Hub ids are read from the Hugging Face cache only, and nothing tries to reach a
+model hub.
+
+System packages: a suite whose tests run a program that no Python environment holds (the core
+suite's headless Chromium) lists its Debian packages in ``tests/<suite>/debian.txt``, one a line
+(``#`` comments). Before the suite runs (``test`` and ``run``), each one ``dpkg-query`` does not
+report installed is installed with ``apt-get install -y`` (after an ``apt-get update`` when the
+first try fails); when that is not possible (no apt-get, not root, no registry) the command stops
+with an error naming the suite, the packages and the apt-get output.
 """
 
 from __future__ import annotations
@@ -35,22 +47,38 @@ ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 CACHE = Path(os.environ.get("APERTUS_VENV_CACHE", Path.home() / ".cache" / "apertus-plugins" / "venvs"))
 #: Suites in run order; each names the Python it needs (megatron-core 0.19 and lmms-eval need 3.12).
-SUITES = ["core", "reference", "megatron", "vllm", "verl", "eval"]
+SUITES = ["core", "reference", "megatron", "megatron-train", "vllm", "verl", "verl-train", "eval"]
 
 
 def log(msg: str) -> None:
     print(f"[dev] {msg}", flush=True)
 
 
+def _runs(python: str) -> bool:
+    try:
+        return subprocess.run([python, "-c", "import sys"], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def suite_python(suite: str) -> str:
+    """The interpreter of a suite: ``python<X.Y>`` from ``tests/<suite>/python.txt``, else this one.
+
+    A ``python3.12`` on PATH may be a pyenv shim that refuses to run while another version is the
+    selected one; then the interpreter under pyenv's ``versions/`` folder is taken.
+    """
     marker = TESTS / suite / "python.txt"
-    if marker.is_file():
-        want = marker.read_text().strip()
-        found = shutil.which(f"python{want}")
-        if not found:
-            raise SystemExit(f"suite {suite} needs python{want}, which is not on PATH")
-        return found
-    return sys.executable
+    if not marker.is_file():
+        return sys.executable
+    want = marker.read_text().strip()
+    name = f"python{want}"
+    candidates = [shutil.which(name)]
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    candidates += sorted(str(p) for p in root.glob(f"versions/{want}.*/bin/{name}"))
+    for found in candidates:
+        if found and _runs(found):
+            return found
+    raise SystemExit(f"suite {suite} needs {name}, which is not on PATH (nor under {root}/versions)")
 
 
 def env_key(suite: str) -> str:
@@ -83,6 +111,51 @@ def needed_suites(suite: str) -> list[str]:
         return []
     names = [ln.split("#")[0].strip() for ln in needs.read_text().splitlines()]
     return [n for n in names if n]
+
+
+def debian_packages(suite: str) -> list[str]:
+    """The Debian packages ``tests/<suite>/debian.txt`` lists."""
+    listing = TESTS / suite / "debian.txt"
+    if not listing.is_file():
+        return []
+    names = [ln.split("#")[0].strip() for ln in listing.read_text().splitlines()]
+    return [n for n in names if n]
+
+
+def _installed(package: str) -> bool:
+    probe = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True)
+    return probe.returncode == 0 and probe.stdout.strip().endswith("install ok installed")
+
+
+def ensure_debian_packages(suite: str) -> None:
+    """Install the missing packages of ``tests/<suite>/debian.txt`` with apt-get, or stop with a clear error."""
+    wanted = debian_packages(suite)
+    if not wanted:
+        return
+    if not shutil.which("dpkg-query") or not shutil.which("apt-get"):
+        raise SystemExit(f"suite {suite} needs the Debian packages {' '.join(wanted)} (tests/{suite}/debian.txt), "
+                         "and this machine has no dpkg-query/apt-get to install them")
+    missing = [p for p in wanted if not _installed(p)]
+    if not missing:
+        return
+    sudo = [] if os.geteuid() == 0 else (["sudo", "-n"] if shutil.which("sudo") else None)
+    if sudo is None:
+        raise SystemExit(f"suite {suite} needs the Debian packages {' '.join(missing)} (tests/{suite}/debian.txt); "
+                         f"install them as root: apt-get install -y {' '.join(missing)}")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    install = [*sudo, "apt-get", "install", "-y", "-q", *missing]
+    log(f"{suite}: installing Debian packages {' '.join(missing)} (tests/{suite}/debian.txt)")
+    t0 = time.time()
+    done = subprocess.run(install, env=env, capture_output=True, text=True)
+    if done.returncode != 0:  # a stale or missing package list: refresh it once and try again
+        subprocess.run([*sudo, "apt-get", "update", "-q"], env=env, capture_output=True, text=True)
+        done = subprocess.run(install, env=env, capture_output=True, text=True)
+    still = [p for p in missing if not _installed(p)]
+    if done.returncode != 0 or still:
+        raise SystemExit(f"suite {suite} needs the Debian packages {' '.join(still or missing)} "
+                         f"(tests/{suite}/debian.txt), and `{' '.join(install)}` failed (exit {done.returncode}):\n"
+                         + (done.stdout + done.stderr)[-2000:])
+    log(f"{suite}: Debian packages ready in {time.time() - t0:.0f}s")
 
 
 def build_env(suite: str) -> Path:
@@ -139,11 +212,18 @@ def suite_env(suite: str, venv: Path) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env["PATH"] = os.pathsep.join([str(venv / "bin"), os.environ.get("PATH", "")])
     env["VIRTUAL_ENV"] = str(venv)
+    # Ray 2.60 turns token authentication on for a `ray start` cluster once ~/.ray/auth_token exists (any
+    # earlier local ray.init() writes it), and its own `ray status` then cannot connect; the test clusters
+    # live on loopback, without it
+    env.setdefault("RAY_AUTH_MODE", "disabled")
+    # the suites never reach a model hub: a Hub id is read from the Hugging Face cache only (there is
+    # no network here, and a test that named a missing path that looks like ORG/NAME must not try one)
+    env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("APERTUS_EXCHANGE", str(Path(tempfile.gettempdir()) / f"apertus-exchange-{os.getpid()}"))
     Path(env["APERTUS_EXCHANGE"]).mkdir(parents=True, exist_ok=True)
-    env[f"APERTUS_PYTHON_{suite.upper()}"] = str(venv / "bin" / "python")
+    env[f"APERTUS_PYTHON_{suite.upper().replace('-', '_')}"] = str(venv / "bin" / "python")
     for other in needed_suites(suite):
-        env[f"APERTUS_PYTHON_{other.upper()}"] = str(build_env(other) / "bin" / "python")
+        env[f"APERTUS_PYTHON_{other.upper().replace('-', '_')}"] = str(build_env(other) / "bin" / "python")
     return env
 
 
@@ -152,6 +232,7 @@ SUMMARY = re.compile(r"=+ (.*) in [\d.]+s")
 
 def run_suite(suite: str) -> tuple[str, int, int, int, int]:
     """Run one suite; returns (suite, rc, passed, failed, errors)."""
+    ensure_debian_packages(suite)
     venv = build_env(suite)
     tests = sorted(p for p in (TESTS / suite).rglob("test_*.py"))
     if not tests:
@@ -187,6 +268,9 @@ def cmd_test(suites: list[str]) -> int:
             results.append(run_suite(s))
         except subprocess.CalledProcessError as exc:
             log(f"{s}: environment setup failed ({exc})")
+            results.append((s, 1, 0, 0, 1))
+        except SystemExit as exc:  # a suite that cannot be set up (its Debian packages) fails; the others run
+            log(f"{s}: {exc}")
             results.append((s, 1, 0, 0, 1))
     print("\n==== suites ====")
     total_p = total_f = 0
@@ -232,6 +316,7 @@ def cmd_run(args: list[str]) -> int:
     suite, cmd = args[0], args[1:]
     if suite not in SUITES:
         raise SystemExit(f"unknown suite {suite!r}; suites are {', '.join(SUITES)}")
+    ensure_debian_packages(suite)
     venv = build_env(suite)
     return subprocess.call(cmd, env=suite_env(suite, venv), cwd=ROOT)
 

@@ -36,7 +36,12 @@ class CheckpointFiles:
     """The configs, tokenizer, chat templates and tensor shapes of a checkpoint directory."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+        from ..hub import HubError, local_path
+
+        try:  # a Hub id (ORG/NAME[@REVISION]) is read from its snapshot in the Hugging Face cache
+            self.path = local_path(path, weights=True, what="checkpoint")
+        except HubError as exc:
+            raise DoctorError(str(exc)) from exc
         if not self.path.is_dir():
             raise DoctorError(f"{self.path}: not a directory (a checkpoint or tokenizer directory is required)")
         self._json: dict[str, Any] = {}

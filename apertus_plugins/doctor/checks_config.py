@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..checkpoint import ROPE_FACTOR, ROPE_ORIGINAL_CONTEXT, ROPE_THETA
+from ..release import ROPE_FACTOR, ROPE_ORIGINAL_CONTEXT, ROPE_THETA, ROPE_TYPE, STOP_TOKENS, TERMINATOR
 from ..tensor_names import LM_HEAD
 from .registry import Context, check
 from .report import FAIL, PASS, WARN
@@ -52,8 +52,8 @@ def rope(ctx: Context) -> tuple[str, str]:
         return FAIL, ("no RoPE scaling in text_config (rope_parameters / rope_scaling): a conversion that drops it "
                       "silently degrades long context (report 3.4)")
     problems = []
-    if rp.get("rope_type") != "llama3":
-        problems.append(f"rope_type {rp.get('rope_type')!r}, want 'llama3'")
+    if rp.get("rope_type") != ROPE_TYPE:
+        problems.append(f"rope_type {rp.get('rope_type')!r}, want {ROPE_TYPE!r}")
     factor, original, theta = rp.get("factor"), rp.get("original_max_position_embeddings"), rp.get("rope_theta")
     if not isinstance(factor, (int, float)) or factor <= 1:
         problems.append(f"factor {factor!r}, want a scaling factor above 1")
@@ -77,7 +77,7 @@ def generation_stops(ctx: Context) -> tuple[str, str]:
                       "(the model fabricates tool results, report 7.4)")
     eos = gen.get("eos_token_id")
     have = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-    need = {name: ref.id(name) for name in ("eos", "assistant_end", "tools_suffix")}
+    need = {name: ref.id(name) for name in (TERMINATOR, *STOP_TOKENS)}
     missing = [f"{ref.literal(n)} ({i})" for n, i in need.items() if i not in have]
     if missing:
         why = " (the model runs past a tool call and fabricates its result, report 7.4)" if ref.id(

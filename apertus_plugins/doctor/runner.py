@@ -67,7 +67,8 @@ def load_probe_prompts(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 def run_doctor(checkpoint: str | os.PathLike[str], *, serve: str | None = None, model: str | None = None,
                compare: str | os.PathLike[str] | None = None, datasets: Sequence[str | os.PathLike[str]] = (),
                only: Iterable[str] | None = None, probe_prompts: Sequence[dict[str, Any]] | None = None,
-               probe_tokens: int = 256, timeout: float = 300.0, progress: Any = None) -> Report:
+               probe_tokens: int = 256, timeout: float = 300.0, progress: Any = None,
+               api_key: str | None = None) -> Report:
     """Run the doctor on ``checkpoint`` and return the report.
 
     Args:
@@ -82,6 +83,7 @@ def run_doctor(checkpoint: str | os.PathLike[str], *, serve: str | None = None, 
         probe_tokens: the probe's ``max_tokens``.
         timeout: seconds per server request.
         progress: called with each :class:`Result` as it is ready.
+        api_key: the server's API key (default ``$OPENAI_API_KEY``; see :mod:`apertus_plugins.client`).
 
     Raises:
         DoctorError: a checkpoint that is not a directory, an unreachable server, an unknown check.
@@ -91,7 +93,7 @@ def run_doctor(checkpoint: str | os.PathLike[str], *, serve: str | None = None, 
     other = CheckpointFiles(compare) if compare is not None else None
     if probe_tokens <= 0:
         raise DoctorError(f"probe_tokens must be positive, got {probe_tokens}")
-    server = ServeClient(serve, model=model, timeout=timeout) if serve is not None else None
+    server = ServeClient(serve, model=model, timeout=timeout, api_key=api_key) if serve is not None else None
     ctx = Context(ckpt, other=other, server=server, datasets=list(datasets), probe_prompts=probe_prompts,
                   probe_tokens=probe_tokens)
     results = []

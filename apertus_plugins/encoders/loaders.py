@@ -5,7 +5,9 @@
   ``model.safetensors.index.json``; tensors under ``model.vision_tokenizer.`` and
   ``model.audio_tokenizer.``). A directory of the port's standalone tokenizer models
   (``model_type`` ``apertus1p5_vision_tokenizer``, ``wavtokenizer_encoder`` or ``wavtokenizer``)
-  loads too. Only the encoder's tensors are read (``safetensors.safe_open``).
+  loads too. Only the encoder's tensors are read (``safetensors.safe_open``). A Hub id
+  (``ORG/NAME[@REVISION]``) names such a checkpoint in the Hugging Face cache; only the config,
+  the index and the shards holding the encoder's tensors are fetched (:mod:`apertus_plugins.hub`).
 - ``"emu3.5"``: the original Emu3.5 vision tokenizer files, ``config.yaml`` (the keyword arguments of
   the reference ``IBQ`` class: ``ddconfig`` with ``ch``, ``ch_mult``, ``num_res_blocks``,
   ``attn_resolutions``, ``in_channels``, ``resolution``, ``z_channels``, ``double_z: false``,
@@ -55,6 +57,16 @@ _WAV_VQ = "feature_extractor.encodec.quantizer."
 
 class CheckpointError(ValueError):
     """A checkpoint that does not match the encoder: the message names the tensor and the file."""
+
+
+def _local(path: str | Path, prefixes: tuple[str, ...]) -> Path:
+    """``path``, or the snapshot of the Hub id it names with the shards holding ``prefixes``."""
+    from ..hub import local_path, parse_hub_id
+
+    p = Path(path)
+    if p.exists() or parse_hub_id(path) is None:
+        return p  # a missing path that is no Hub id: detect_format names it
+    return local_path(path, weights=prefixes, what="checkpoint")
 
 
 # ---------------------------------------------------------------------- format detection
@@ -433,8 +445,9 @@ def load_vision_tokenizer(path: str | Path, *, format: str = "auto", device: str
     Raises:
         CheckpointError: missing, unexpected, wrongly shaped or non-float32 tensors (named, with the
         file), or an unreadable config.
+        HubError: a Hub id that cannot be resolved (see :func:`apertus_plugins.hub.local_path`).
     """
-    p = Path(path)
+    p = _local(path, (VISION_PREFIX,))
     fmt = detect_format(p) if format == "auto" else format
     check_precision(precision, device)
     if fmt == "released":
@@ -463,7 +476,7 @@ def load_audio_tokenizer(path: str | Path, *, format: str = "auto", device: str 
     Arguments as :func:`load_vision_tokenizer`; for the original format the sizes are read off the
     tensor shapes unless ``config`` is given.
     """
-    p = Path(path)
+    p = _local(path, (AUDIO_PREFIX,))
     fmt = detect_format(p) if format == "auto" else format
     check_precision(precision, device)
     if fmt == "released":
@@ -487,8 +500,8 @@ def load_audio_tokenizer(path: str | Path, *, format: str = "auto", device: str 
 
 def load_media_tokenizers(checkpoint_dir: str | Path, *, device: str | torch.device = "cpu",
                           precision: str = "float32") -> tuple[VisionTokenizer, AudioTokenizer]:
-    """Both tokenizers of a released ``Apertus1p5ForConditionalGeneration`` checkpoint directory."""
-    p = Path(checkpoint_dir)
+    """Both tokenizers of a released ``Apertus1p5ForConditionalGeneration`` checkpoint directory (or Hub id)."""
+    p = _local(checkpoint_dir, (VISION_PREFIX, AUDIO_PREFIX))
     if detect_format(p) != "released":
         raise CheckpointError(f"{p}: not a released checkpoint directory (config.json + safetensors)")
     return (load_vision_tokenizer(p, format="released", device=device, precision=precision),

@@ -19,10 +19,11 @@ from typing import Any
 from transformers import AutoConfig, PretrainedConfig
 
 from apertus_plugins.encoders.config import AudioTokenizerConfig, VisionTokenizerConfig
-from apertus_plugins.vocab import VocabSpec
+from apertus_plugins.release import rope_parameters
+from apertus_plugins.vocab import default_spec
 
 #: The released layout: the defaults of the ids and sizes below come from the core's VocabSpec.
-_SPEC = VocabSpec()
+_SPEC = default_spec()
 
 __all__ = [
     "Apertus1p5Config",
@@ -32,15 +33,8 @@ __all__ = [
     "register",
 ]
 
-#: The llama3 RoPE scaling the port fills in when a text config carries none.
-DEFAULT_ROPE = {
-    "rope_type": "llama3",
-    "rope_theta": 12000000.0,
-    "factor": 8.0,
-    "original_max_position_embeddings": 8192,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-}
+#: The RoPE scaling of a text config that carries none: the released model's (``release.rope_parameters``).
+DEFAULT_ROPE = rope_parameters()
 
 
 def _derived_setter(prop: str) -> Any:

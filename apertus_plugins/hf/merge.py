@@ -44,13 +44,18 @@ def merge_text_weights(trained: Path, released: Path, out: Path) -> Path:
 
     ``trained`` must hold every text tensor of ``released`` (same names, same shapes); media tokenizer
     tensors in it are ignored (the released ones are kept); any other tensor is an error. ``out``
-    must not exist; it appears only when complete (written beside it, then renamed).
+    must not exist; it appears only when complete (written beside it, then renamed). ``trained`` and
+    ``released`` may be Hub ids (``ORG/NAME[@REVISION]``, :mod:`apertus_plugins.hub`).
     """
     import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    trained, released, out = Path(trained), Path(released), Path(out)
+    from ..hub import local_path
+
+    trained = local_path(trained, weights=True, what="TRAINED")
+    released = local_path(released, weights=True, what="RELEASED")
+    out = Path(out)
     if out.exists():
         raise FileExistsError(f"{out}: the output directory exists; name a new one")
     src = tensor_files(released)

@@ -54,7 +54,6 @@ import os
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +61,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if (ROOT / "apertus_plugins").is_dir():
     sys.path.insert(0, str(ROOT))
 
-from apertus_plugins.serve import CPU_ARGS, VLLMServer, http_json  # noqa: E402
+from apertus_plugins.client import Client as HTTPClient  # noqa: E402
+from apertus_plugins.client import http_json  # noqa: E402
+from apertus_plugins.serve import CPU_ARGS, VLLMServer  # noqa: E402
 
 MODEL = "apertus"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
@@ -113,16 +114,9 @@ class Client:
         return body
 
     def stream(self, messages: list[dict], **kw: Any) -> list[dict]:
-        payload = {"model": self.model, "messages": messages, "temperature": 0, "stream": True, **kw}
-        req = urllib.request.Request(self.url + "/v1/chat/completions", data=json.dumps(payload).encode(),
-                                     headers={"Content-Type": "application/json"})
-        chunks = []
-        with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-            for raw in resp:
-                line = raw.decode().strip()
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    chunks.append(json.loads(line[6:]))
-        return chunks
+        payload = {"model": self.model, "messages": messages, "temperature": 0, **kw}
+        with HTTPClient(self.url + "/v1", timeout=self.timeout) as client:
+            return list(client.stream("/chat/completions", payload))
 
     def expected(self, messages: list[dict], media: list | None = None, **kw: Any) -> list[int]:
         return self.core.encode_conversation(messages, add_generation_prompt=True, media=media, **kw).ids.tolist()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _vectors import VECTORS_PATH
+from _vectors import PACKAGE_VECTORS_PATH, SHARED_VECTORS_PATH
 
 from apertus_plugins.chat import ChatTokenizer, jinja_template, render
 from apertus_plugins.checkpoint import SIZES, text_config_dict
@@ -37,10 +37,15 @@ OFFLINE = {c.id for c in CHECKS if c.group not in ("compare", "serve")}
 DOCTOR = [sys.executable, "-m", "apertus_plugins.cli", "doctor"]
 
 
-def test_the_package_ships_the_shared_rendering_vectors():
-    shipped = Path(__file__).resolve().parents[2] / "apertus_plugins" / "doctor" / "chat_render.json"
-    assert shipped.read_bytes() == VECTORS_PATH.read_bytes()
+def test_the_package_ships_the_rendering_vectors():
+    assert json.loads(PACKAGE_VECTORS_PATH.read_text()) == rendering_vectors()
     assert len(rendering_vectors()) >= 8
+
+
+if SHARED_VECTORS_PATH.is_file():  # a clone of the public repository has no shared/ beside it
+
+    def test_the_shipped_vectors_are_the_shared_vectors_byte_for_byte():
+        assert PACKAGE_VECTORS_PATH.read_bytes() == SHARED_VECTORS_PATH.read_bytes()
 
 
 def test_a_checkpoint_template_renders_through_the_core(tmp_path):
@@ -181,8 +186,11 @@ def test_check_selection():
 
 
 def test_bad_inputs_are_errors_that_name_them(tmp_path, tokenizer_dir):
-    with pytest.raises(DoctorError, match="not a directory"):
+    with pytest.raises(DoctorError, match=r"missing': no such file or directory \(and not a Hub model id"):
         run_doctor(tmp_path / "missing")
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(DoctorError, match="a-file: not a directory"):
+        run_doctor(tmp_path / "a-file")
     with pytest.raises(DoctorError, match="cannot reach the server"):
         run_doctor(tokenizer_dir, serve="http://127.0.0.1:9", timeout=5)
     with pytest.raises(DoctorError, match="expected an http"):

@@ -95,6 +95,20 @@ def test_manifest_cli(datasets: list[str], tmp_path: Path, capsys: pytest.Captur
     assert "missing from the dataset list" in capsys.readouterr().err
 
 
+def test_manifest_progress_bars(datasets: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """tqdm bars on stderr: bytes hashed (write, verify), datasets read (verify --no-checksums); --no-progress: none."""
+    out = str(tmp_path / "m.json")
+    total = sum(Path(p + ext).stat().st_size for p in datasets for ext in (".bin", ".idx"))
+    assert main(["manifest", "write", *datasets, "--out", out]) == 0
+    err = capsys.readouterr().err
+    assert "hashing: 100%" in err and f"{total / 1000:.2f}k/{total / 1000:.2f}k" in err
+    assert main(["manifest", "verify", "--out", out, "--no-checksums"]) == 0
+    err = capsys.readouterr().err
+    assert "verifying: 100%" in err and "3/3" in err
+    assert main(["manifest", "verify", "--out", out, "--no-progress"]) == 0
+    assert "verifying" not in capsys.readouterr().err
+
+
 def test_inspect_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = VocabSpec()
     I = spec.id  # noqa: E741

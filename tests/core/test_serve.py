@@ -1,15 +1,34 @@
-"""The server launcher's error path and its HTTP helper (the success path runs in every server test)."""
+"""The server launcher's error path, and the package's HTTP client against a real server on loopback.
+
+The server is the standard library's ``http.server`` in a thread: it fails the first N requests
+of a path as told (a status, a dropped connection, a ``Retry-After``), answers JSON, streams
+server-sent events (optionally breaking the stream midway) and records what it received, so the
+retry policy, the API key and streaming are checked over real sockets.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from apertus_plugins.serve import ServerError, VLLMServer, free_port, http_json
+from apertus_plugins.client import (
+    RETRY_STATUSES,
+    Client,
+    ResponseError,
+    RetryPolicy,
+    Unreachable,
+    assemble,
+    http_json,
+)
+from apertus_plugins.serve import ServerError, VLLMServer, free_port
+
+FAST = RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.05)
 
 
 def test_a_server_that_cannot_start_is_an_error_with_its_log() -> None:
@@ -21,27 +40,218 @@ def test_a_server_that_cannot_start_is_an_error_with_its_log() -> None:
     assert not server.alive()
 
 
-def test_http_json_returns_status_and_body_for_success_and_client_errors() -> None:
+class Flaky:
+    """What the test server does: ``failures[path]`` is a list of what the next requests get
+    (an HTTP status, ``"drop"`` for a closed connection, ``"slow"`` for an answer after the timeout)."""
+
+    def __init__(self) -> None:
+        self.failures: dict[str, list[int | str]] = {}
+        self.seen: list[tuple[str, str, dict, str | None]] = []  # method, path, body, Authorization
+        self.retry_after: str | None = None
+        self.break_stream_after: int | None = None
+        self.lock = threading.Lock()
+
+
+def _handler(state: Flaky) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the http.server API
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            code = 400 if body.get("bad") else 200
-            out = json.dumps({"echo": body}).encode()
+        protocol_version = "HTTP/1.1"
+
+        def _send(self, code: int, body: object, headers: dict[str, str] | None = None) -> None:
+            out = json.dumps(body).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(out)))
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
             self.end_headers()
             self.wfile.write(out)
+
+        def _handle(self, method: str) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length)) if length else {}
+            with state.lock:
+                state.seen.append((method, self.path, body, self.headers.get("Authorization")))
+                pending = state.failures.get(self.path) or []
+                what = pending.pop(0) if pending else None
+            if what == "drop":
+                self.close_connection = True
+                self.connection.shutdown(2)
+                return
+            if what == "slow":
+                time.sleep(0.6)
+            elif what is not None:
+                headers = {"Retry-After": state.retry_after} if state.retry_after else {}
+                self._send(int(what), {"error": {"message": f"failing on purpose ({what})"}}, headers)
+                return
+            if self.path == "/v1/models":
+                self._send(200, {"data": [{"id": "m", "max_model_len": 64}]})
+            elif self.path == "/v1/chat/completions" and body.get("stream"):
+                self._stream(body)
+            elif self.path == "/v1/chat/completions":
+                if body.get("bad"):
+                    self._send(400, {"error": {"message": "bad request on purpose"}})
+                else:
+                    self._send(200, {"choices": [{"message": {"content": "hello"}}], "echo": body})
+            elif self.path == "/v1/text":
+                out = b"not json"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+            else:
+                self._send(404, {"detail": "no such path"})
+
+        def _stream(self, body: dict) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            words = ["Grüezi", " mit", "enand"]
+            for i, w in enumerate(words):
+                if state.break_stream_after is not None and i == state.break_stream_after:
+                    self.wfile.flush()
+                    self.connection.shutdown(2)
+                    return
+                chunk = {"choices": [{"index": 0, "delta": {"content": w}, "finish_reason": None}]}
+                if i == 0:
+                    chunk["choices"][0]["delta"]["tool_calls"] = [{"index": 0, "function": {"name": "f", "arguments": "{"}}]
+                elif i == 1:
+                    chunk["choices"][0]["delta"]["tool_calls"] = [{"index": 0, "function": {"arguments": "}"}}]
+                # events split over writes and separated as servers do
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+            done = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+            self.wfile.write(f": a comment line\ndata: {json.dumps(done)}\n\ndata: [DONE]\n\n".encode())
+            self.wfile.flush()
+
+        def do_GET(self) -> None:  # noqa: N802 - the http.server API
+            self._handle("GET")
+
+        def do_POST(self) -> None:  # noqa: N802
+            self._handle("POST")
 
         def log_message(self, *args: object) -> None:
             pass
 
-    port = free_port()
-    httpd = HTTPServer(("127.0.0.1", port), Handler)
+    return Handler
+
+
+@pytest.fixture
+def flaky() -> Iterator[tuple[Flaky, str]]:
+    state = Flaky()
+    httpd = ThreadingHTTPServer(("127.0.0.1", free_port()), _handler(state))
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
-        assert http_json(f"http://127.0.0.1:{port}/x", {"a": 1}) == (200, {"echo": {"a": 1}})
-        assert http_json(f"http://127.0.0.1:{port}/x", {"bad": True}) == (400, {"echo": {"bad": True}})
+        yield state, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
     finally:
         httpd.shutdown()
+        httpd.server_close()
+
+
+def test_requests_are_retried_on_retryable_statuses_and_dropped_connections(flaky) -> None:
+    state, url = flaky
+    state.failures["/v1/chat/completions"] = [503, "drop", 429]
+    with Client(url, retry=RetryPolicy(attempts=4, backoff=0.01)) as client:
+        body = client.json("POST", "/chat/completions", {"x": 1})
+    assert body["choices"][0]["message"]["content"] == "hello"
+    assert [s[1] for s in state.seen] == ["/v1/chat/completions"] * 4  # three failures, then the answer
+
+
+def test_a_retryable_status_that_persists_is_the_answer_and_other_statuses_are_not_retried(flaky) -> None:
+    state, url = flaky
+    state.failures["/v1/chat/completions"] = [502, 502, 502]
+    with Client(url, retry=FAST) as client:
+        with pytest.raises(ResponseError, match=r"answered HTTP 502: failing on purpose \(502\)") as info:
+            client.json("POST", "/chat/completions", {})
+        assert info.value.status == 502 and len(state.seen) == 3
+        state.seen.clear()
+        with pytest.raises(ResponseError, match="HTTP 400: bad request on purpose"):
+            client.json("POST", "/chat/completions", {"bad": True})
+        assert len(state.seen) == 1  # a bad request does not get better by repeating it
+        assert client.request("GET", "/nowhere").status == 404 and len(state.seen) == 2
+        with pytest.raises(ResponseError, match="did not answer JSON"):
+            client.json("GET", "/text")
+    assert 404 not in RETRY_STATUSES and 400 not in RETRY_STATUSES
+
+
+def test_retry_after_is_honoured(flaky) -> None:
+    state, url = flaky
+    state.failures["/v1/models"] = [429]
+    state.retry_after = "0.3"
+    t0 = time.monotonic()
+    with Client(url, retry=RetryPolicy(attempts=2, backoff=0.0)) as client:
+        assert client.models()[0]["id"] == "m"
+    assert time.monotonic() - t0 >= 0.3
+    assert RetryPolicy(max_backoff=2.0).delay(0, "3600") == 2.0  # capped
+    assert RetryPolicy(backoff=0.5).delay(2) == 2.0  # doubling
+
+
+def test_timeouts_are_retried_and_an_unreachable_server_names_the_url(flaky) -> None:
+    state, url = flaky
+    state.failures["/v1/models"] = ["slow"]
+    with Client(url, timeout=0.3, retry=FAST) as client:
+        assert client.models()[0]["id"] == "m"
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    with Client(dead, retry=FAST) as client, pytest.raises(
+            Unreachable, match=rf"no answer from {dead}/models after 3 attempts \(timeout 60 s each\): Connect"):
+        client.models()
+    with pytest.raises(Unreachable):
+        http_json(dead + "/models", retry=FAST)
+
+
+def test_the_api_key_goes_with_every_request(flaky, monkeypatch: pytest.MonkeyPatch) -> None:
+    state, url = flaky
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with Client(url) as client:
+        client.models()
+    with Client(url, api_key="sk-given") as client:
+        client.models()
+        list(client.stream("/chat/completions", {}))
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
+    with Client(url) as client:
+        client.json("POST", "/chat/completions", {})
+    assert [s[3] for s in state.seen] == [None, "Bearer sk-given", "Bearer sk-given", "Bearer sk-from-env"]
+
+
+def test_http_json_returns_status_and_body_for_success_and_client_errors(flaky) -> None:
+    _, url = flaky
+    assert http_json(f"{url}/chat/completions", {"a": 1})[1]["echo"] == {"a": 1}
+    assert http_json(f"{url}/chat/completions", {"bad": True}) == (400, {"error": {"message": "bad request on purpose"}})
+    assert http_json(f"{url}/models") == (200, {"data": [{"id": "m", "max_model_len": 64}]})
+
+
+def test_streaming_yields_each_event_and_assembles_the_answer(flaky) -> None:
+    state, url = flaky
+    with Client(url, retry=FAST) as client:
+        chunks = list(client.stream("/chat/completions", {"model": "m"}))
+    assert state.seen[-1][2] == {"model": "m", "stream": True}
+    assert len(chunks) == 4 and chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    whole = assemble(chunks)
+    assert whole == {"content": "Grüezi mitenand", "reasoning": "", "finish_reason": "stop",
+                     "tool_calls": [{"name": "f", "arguments": "{}"}]}
+
+
+def test_a_stream_is_retried_before_its_first_event_never_after(flaky) -> None:
+    state, url = flaky
+    state.failures["/v1/chat/completions"] = [503, "drop"]
+    with Client(url, retry=FAST) as client:
+        assert assemble(list(client.stream("/chat/completions", {})))["content"] == "Grüezi mitenand"
+        assert len(state.seen) == 3
+        state.failures["/v1/chat/completions"] = [400]
+        with pytest.raises(ResponseError, match="HTTP 400"):
+            list(client.stream("/chat/completions", {}))
+        state.seen.clear()
+        state.break_stream_after = 2
+        got = []
+        with pytest.raises(Unreachable, match="broke after it began"):
+            for chunk in client.stream("/chat/completions", {}):
+                got.append(chunk)
+        assert len(got) == 2 and len(state.seen) == 1  # what was received is not asked for again
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="http"):
+        Client("127.0.0.1:8000")
+    with pytest.raises(ValueError, match="attempts must be at least 1"):
+        RetryPolicy(attempts=0)

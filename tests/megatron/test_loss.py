@@ -22,7 +22,7 @@ from conftest import CONVERSATIONS, encode_conversations, write_pretraining_pref
 from apertus_plugins.targets import pretraining_targets, sft_mask
 from apertus_plugins.vocab import VocabSpec
 from megatron_patches.arguments import add_apertus_args, options_from_args
-from megatron_patches.training import NO_TOKENS, get_batch, loss_func, modality_weights
+from megatron_patches.training import get_batch, loss_func, modality_weights, step_targets
 
 
 def options(tokenizer_dir: Path, *extra: str) -> Any:
@@ -69,13 +69,15 @@ def test_loss_equals_core_targets(batch: np.ndarray, tokenizer_dir: Path, spec: 
     assert torch.allclose(loss, (losses * want_w).sum(), rtol=1e-6)
     assert int(n) == int((want_w > 0).sum())
     assert torch.allclose(report["lm loss"], torch.stack([(losses * want_w).sum(), (want_w > 0).sum().float()]))
+    # each modality's loss is over the same targets as the trained loss (positive weight), unweighted
     for k, name in enumerate(spec.modality_names):
-        sel = torch.from_numpy(keep & (modality == k)).float()
+        sel = ((want_w > 0) & torch.from_numpy(modality == k)).float()
         got = report[f"{name} loss"]
-        assert torch.allclose(got, torch.stack([(losses * sel).sum(), sel.sum() + NO_TOKENS]))
+        assert torch.allclose(got, torch.stack([(losses * sel).sum(), sel.sum()]))
+    assert sum(int(report[f"{m} loss"][1]) for m in spec.modality_names) == int(n)
     if preset == "text-only":
-        assert float(report["image loss"][1]) > 1  # logged although its weight is 0 ...
-        assert int(n) == int((torch.from_numpy(keep) & torch.from_numpy(modality <= 1)).sum())  # ... not trained
+        assert float(report["image loss"][1]) == 0  # weight 0: not a target, so not in the image loss either
+        assert int(n) == int((torch.from_numpy(keep) & torch.from_numpy(modality <= 1)).sum())
     if preset == "all" and not extra:  # every modality weighs 1: the keep mask is the whole target
         assert torch.equal(want_w > 0, torch.from_numpy(keep))
 
@@ -102,7 +104,25 @@ def test_sft_batch(tokenizer_dir: Path, spec: VocabSpec) -> None:
                                 torch.from_numpy(spec.modality_of(labels).astype(np.int64))[None], losses,
                                 weights=modality_weights(opts, 0), names=spec.modality_names)
     assert int(n) == int(keep.sum()) and torch.allclose(loss, losses[0][torch.from_numpy(keep)].sum())
-    assert float(report["image loss"][0]) == 0.0 and float(report["image loss"][1]) == pytest.approx(NO_TOKENS)
+    assert float(report["image loss"][0]) == 0.0 and float(report["image loss"][1]) == 0.0
+
+
+def test_loss_counts_targets_for_the_step_check(tokenizer_dir: Path, spec: VocabSpec) -> None:
+    """``loss_func`` adds each micro-batch's target counts to the step's accounting (no target: all zero)."""
+    opts = options(tokenizer_dir)
+    conv = encode_conversations(tokenizer_dir, CONVERSATIONS[:1])[0]
+    labels = conv[1:]
+    mod = torch.from_numpy(spec.modality_of(labels).astype(np.int64))[None]
+    losses = torch.ones(1, labels.size)
+    acct = step_targets()
+    acct.reset()
+    keep = torch.from_numpy(sft_mask(conv, spec).astype(np.float32))[None]
+    loss_func(keep, mod, losses, weights=modality_weights(opts, 0), names=spec.modality_names)
+    loss_func(torch.zeros_like(keep), mod, losses, weights=modality_weights(opts, 0), names=spec.modality_names)
+    assert acct.reduce(1 + len(spec.modality_names))[0] == int(keep.sum()) > 0
+    acct.reset()
+    loss_func(torch.zeros_like(keep), mod, losses, weights=modality_weights(opts, 0), names=spec.modality_names)
+    assert acct.reduce(1 + len(spec.modality_names)) == [0] * (1 + len(spec.modality_names))
 
 
 def test_scheduled_weight_needs_no_manual_step(tokenizer_dir: Path) -> None:

@@ -145,6 +145,41 @@ def test_sft_epoch_covers_every_conversation(data: dict[str, Any], tokenizer_dir
     assert train.num_bins >= -(-sum(lengths) // (SEQ + 1))
 
 
+def test_pretraining_prefix_packed_best_fit_decreasing(data: dict[str, Any], tokenizer_dir: Path, spec: VocabSpec,
+                                                       process_group: None) -> None:
+    """``--apertus-bfd-data``: one epoch holds every document once, whole, with its pretraining targets."""
+    opts = options(tokenizer_dir, "--apertus-bfd-data", data["pre"], "--apertus-goldfish-k", "4",
+                   "--apertus-goldfish-h", "3")
+    train, _, _ = build_datasets(make_config(data, opts, spec, blend=([data["pre"]], None)), [None, None, None])
+    assert isinstance(train, ApertusDataset) and train.is_bfd and not train.is_sft
+    keep_cfg = replace(opts.targets, modality_weights={})
+    known = {tuple(d.tolist()): d for d in data["docs"]}
+    found = []
+    for i in range(train.num_bins):
+        s = train[i]
+        tokens, keep, pos = s["tokens"].numpy(), s["loss_mask"].numpy(), s["position_ids"].numpy()
+        ids = np.concatenate([tokens, s["labels"].numpy()[-1:]])
+        for a, b in conversation_spans(pos):
+            seg = segment(ids, a, b, spec)
+            if seg.size == 0 or np.all(seg == spec.pad_id):
+                assert not keep[a:b].any()
+                continue
+            doc = known.get(tuple(seg.tolist()))
+            assert doc is not None, "a packed segment is not one of the written documents"
+            want = pretraining_targets(doc, spec, keep_cfg, goldfish=opts.goldfish).weights > 0
+            n = doc.size
+            assert keep[a:a + n - 1].astype(bool).tolist() == want.tolist()
+            if a + n - 1 < keep.size:
+                assert keep[a + n - 1] == 0  # the label after the document's last token (the next document)
+            found.append(n)
+        mask = s["attention_mask"][0].numpy()
+        docs = np.cumsum(pos == 0)
+        assert (~mask).tolist() == ((docs[:, None] == docs[None, :]) & np.tri(SEQ, dtype=bool)).tolist()
+    assert sorted(found) == sorted(d.size for d in data["docs"])  # every document once per epoch
+    # best-fit-decreasing fills the bins: no more of them than first-fit would need by much
+    assert train.num_bins <= -(-sum(found) // (SEQ + 1)) + 1
+
+
 def test_stored_mask_equals_derived(data: dict[str, Any], tokenizer_dir: Path, spec: VocabSpec,
                                     process_group: None) -> None:
     derived = build_datasets(make_config(data, options(tokenizer_dir, "--apertus-sft-data", data["sft"]), spec,
@@ -273,8 +308,15 @@ def test_changed_dataset_fails_manifest(data: dict[str, Any], tmp_path: Path, to
     write_pretraining_prefix(Path(pre), spec, n_docs=5, seed=1)
     manifest = tmp_path / "m.json"
     write_manifest([pre], manifest)
-    write_pretraining_prefix(Path(pre), spec, n_docs=5, seed=2)  # same shape, other tokens
+    blob = bytearray(Path(pre + ".bin").read_bytes())
+    blob[len(blob) // 2] ^= 1  # one token changed: same sizes and counts
+    Path(pre + ".bin").write_bytes(bytes(blob))
+    # the launch-time default checks sizes and counts (TB blends); the sha256 is opt-in there
+    run_preflight(options(tokenizer_dir, "--apertus-manifest", str(manifest)), [pre])
     with pytest.raises(PreflightError, match=r"bin_sha256"):
+        run_preflight(options(tokenizer_dir, "--apertus-manifest", str(manifest), "--apertus-manifest-checksums"), [pre])
+    write_pretraining_prefix(Path(pre), spec, n_docs=4, seed=1)  # fewer documents: caught by the default check
+    with pytest.raises(PreflightError, match=r"documents is 4, the manifest says 5"):
         run_preflight(options(tokenizer_dir, "--apertus-manifest", str(manifest)), [pre])
 
 
