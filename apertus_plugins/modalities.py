@@ -17,10 +17,10 @@ def _image_sequence(codes: Any, spec: Any, layout: str = "inference", **kw: Any)
     return image_sequence(codes, spec, layout=layout, **kw)
 
 
-def _audio_sequence(codes: Any, spec: Any, layout: str = "default", **kw: Any) -> Any:
+def _audio_sequence(codes: Any, spec: Any, layout: str = "default", text_ids: Any = None) -> Any:
     from .media.audio import audio_sequence
 
-    return audio_sequence(codes, spec, **kw)
+    return audio_sequence(codes, spec)
 
 
 IMAGE = Modality(

@@ -1,6 +1,6 @@
 """The plugin system: hook specifications and the plugin manager (project name ``apertus``).
 
-A third party adds a modality, a judge backend, a reward function or a loss-target rule without
+A third party adds a modality, a judge backend, a reward function or an ``apertus`` subcommand without
 touching this repository: it ships a module with ``@hookimpl`` functions and names it in the
 ``apertus`` entry-point group of its distribution::
 
@@ -34,7 +34,6 @@ class Registry:
     modalities: dict[str, Modality] = field(default_factory=dict)
     judges: dict[str, Callable[..., Any]] = field(default_factory=dict)
     reward_functions: dict[str, Callable[..., Any]] = field(default_factory=dict)
-    target_rules: dict[str, Callable[..., Any]] = field(default_factory=dict)
     commands: dict[str, Callable[..., Any]] = field(default_factory=dict)
     plugins: dict[str, str] = field(default_factory=dict)
 
@@ -57,7 +56,19 @@ def get_plugin_manager(load_entry_points: bool = True) -> pluggy.PluginManager:
     pm.register(rewards, name="apertus.builtin.rewards")
     if load_entry_points:
         pm.load_setuptools_entrypoints(PROJECT)
+    check_hooks(pm)
     return pm
+
+
+def check_hooks(pm: pluggy.PluginManager) -> None:
+    """Refuse a plugin that implements a hook the contract does not declare (a typo, or a hook an
+    older version had), naming the plugin and the hook."""
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        name = pm.get_name(exc.plugin) or repr(exc.plugin)
+        raise ValueError(f"apertus plugin {name!r}: {exc} (the hooks are "
+                         f"{', '.join(sorted(n for n in dir(ApertusHookSpecs) if n.startswith('apertus_')))})") from exc
 
 
 def _merge(kind: str, results: list[tuple[str, Any]], out: dict[str, Any], owner: dict[str, str]) -> None:
@@ -74,13 +85,13 @@ def _merge(kind: str, results: list[tuple[str, Any]], out: dict[str, Any], owner
 
 def build_registry(pm: pluggy.PluginManager) -> Registry:
     """Collect every plugin's contributions into a :class:`Registry`."""
+    check_hooks(pm)
     reg = Registry()
     owner: dict[str, str] = {}
     for hook_name, kind, target in (
         ("apertus_modalities", "modality", reg.modalities),
         ("apertus_judges", "judge", reg.judges),
         ("apertus_reward_functions", "reward function", reg.reward_functions),
-        ("apertus_target_rules", "target rule", reg.target_rules),
         ("apertus_commands", "command", reg.commands),
     ):
         results = []

@@ -18,12 +18,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from apertus_plugins.vocab import TASK_CONTROL_MARKERS, VocabSpec, default_spec
+from apertus_plugins.vocab import VocabSpec, default_spec
 
 from ._arrays import like as _like
 from ._arrays import to_numpy as _to_numpy
 
 __all__ = [
+    "task_control_markers",
     "StartState",
     "sft_mask",
     "sft_mask_from_stored",
@@ -63,6 +64,15 @@ class _SftTables:
 
 
 _TABLE_CACHE: dict[int, tuple[VocabSpec, _SftTables]] = {}
+
+
+def task_control_markers() -> tuple[str, ...]:
+    """The task-control markers of the registered modalities (``Modality.task_markers``: the
+    built-in audio's ``stt_transcribe``, ``stt_continue``, ``tts_continue``): they condition the
+    model but are never predicted after stage 1."""
+    from apertus_plugins.plugins import registry
+
+    return tuple(dict.fromkeys(n for m in registry().modalities.values() for n in m.task_markers))
 
 
 def _sft_tables(spec: VocabSpec) -> _SftTables:
@@ -253,7 +263,7 @@ class TargetConfig:
         if name == "text-only":
             return cls(
                 modality_weights={m.name: 0.0 for m in spec.modalities},
-                excluded_names=tuple(TASK_CONTROL_MARKERS),
+                excluded_names=task_control_markers(),
             )
         raise ValueError(f"unknown target preset {name!r}; choose 'all' or 'text-only'")
 

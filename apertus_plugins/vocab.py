@@ -25,6 +25,7 @@ __all__ = [
     "VocabSpec",
     "VocabError",
     "default_spec",
+    "registered_slots",
 ]
 
 
@@ -77,6 +78,26 @@ OMNI_SLOTS: dict[int, tuple[str, str]] = {
     15: ("audio_annotate", "<|audio_annotate|>"),
 }
 
+def registered_slots() -> dict[int, tuple[str, str]]:
+    """The omni slots of the released layout plus those the registered modalities add
+    (``Modality.slots``, through the ``apertus`` plugin hooks): slot -> (name, literal)."""
+    from .plugins import registry
+
+    out = dict(OMNI_SLOTS)
+    names = {name: slot for slot, (name, _lit) in out.items()}
+    for m in registry().modalities.values():
+        for slot, (name, literal) in m.slots.items():
+            slot = int(slot)
+            if slot in out:
+                raise VocabError(f"modality {m.name!r} claims omni slot {slot} ({literal!r}), which holds "
+                                 f"{out[slot][1]!r}")
+            if name in names:
+                raise VocabError(f"modality {m.name!r} names omni slot {slot} {name!r}, the name of slot {names[name]}")
+            out[slot] = (name, literal)
+            names[name] = slot
+    return out
+
+
 #: Surface forms that map to a canonical token: alias literal -> token name.
 ALIASES: dict[str, str] = {
     "<think>": "inner_prefix",
@@ -92,9 +113,6 @@ LEGACY_REWRITES: dict[str, str] = {
     "<answer>": "",
     "</answer>": "",
 }
-
-#: The task-control markers: they condition the model but are never predicted after stage 1.
-TASK_CONTROL_MARKERS = ("stt_transcribe", "stt_continue", "tts_continue")
 
 #: Literal format of the content code tokens, per modality.
 CODE_TOKEN_FORMATS = {"image": "<|visual token {i}|>", "audio": "<|audio token {i}|>"}
@@ -129,7 +147,8 @@ class VocabSpec:
         embedding_rows: rows of the input embedding (266,752 in the release: the total plus padding),
             or ``None`` when unknown.
         chat_ids: chat token name -> id (defaults: :data:`CHAT_TOKENS`).
-        slots: omni slot -> (name, literal) of the used slots (defaults: :data:`OMNI_SLOTS`).
+        slots: omni slot -> (name, literal) of the used slots (defaults: :data:`OMNI_SLOTS` and the
+            slots registered modalities add, :func:`registered_slots`).
         extra_special_ids: further special ids a real tokenizer reserves below the text boundary.
         total_size: the tokenizer's length; defaults to the end of the last block.
     """
@@ -143,7 +162,7 @@ class VocabSpec:
     )
     embedding_rows: int | None = 266_752
     chat_ids: Mapping[str, int] = field(default_factory=lambda: {k: v[1] for k, v in CHAT_TOKENS.items()})
-    slots: Mapping[int, tuple[str, str]] = field(default_factory=lambda: dict(OMNI_SLOTS))
+    slots: Mapping[int, tuple[str, str]] = field(default_factory=registered_slots)
     extra_special_ids: frozenset[int] = frozenset()
     total_size: int | None = None
 
@@ -239,8 +258,10 @@ class VocabSpec:
                 offset += size
 
         slots = {}
-        for slot, (name, literal) in OMNI_SLOTS.items():
+        for slot, (name, literal) in registered_slots().items():
             if literal not in literal_to_id:
+                if slot not in OMNI_SLOTS:
+                    continue  # a plugin modality's marker this tokenizer does not have
                 raise VocabError(f"{path}: the tokenizer lacks the omni marker {literal!r} (slot {slot})")
             got = literal_to_id[literal]
             if got != omni_offset + slot:

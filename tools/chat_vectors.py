@@ -35,6 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from apertus_plugins.plugins import registry  # noqa: E402
 from apertus_plugins.tokenizer_builder import build_test_tokenizer  # noqa: E402
 
 DEFAULT_SYSTEM = ("<|system_start|>You are Apertus 1.5 Omni, a multimodal assistant developed by the Swiss AI "
@@ -45,8 +46,9 @@ EMPTY_SYSTEM = "<|system_start|><|system_end|>"
 WORDS = ("the", "weather", "in", "Bern", "is", "cold", "Zürich", "naïve", "café", "3.5", "42", "x", "über",
          "日本語", "emoji 🙂", "tab\there", "quote \"q\"", "back\\slash", "{json: 1}", "a, b", "[1, 2]", "%d",
          "line\nbreak", "  spaced  ", "semi;colon", "C++", "α-β", "UPPER", "under_score", "$5", "#tag")
-IMAGE_PARTS = ("image", "image_url", "input_image")
-AUDIO_PARTS = ("audio", "audio_url", "input_audio")
+#: The part types of the built-in modalities (those the released template renders)
+IMAGE_PARTS = registry().modalities["image"].part_types
+AUDIO_PARTS = registry().modalities["audio"].part_types
 NAMES = ("get_weather", "search", "lookup_user", "run_code", "calc", "translate", "send_mail", "list_files")
 PARAMS = ("city", "query", "limit", "unit", "tags", "options", "mode", "user_id", "verbose", "items", "filter",
           "date", "coords", "values", "payload")

@@ -12,6 +12,10 @@ into codes there (see :mod:`vllm_model.model`).
 Options (``--mm-processor-kwargs`` for the server, ``mm_processor_kwargs`` per request):
 ``image_layout`` (``"inference"``, the default, or ``"training"``), ``resize_policy``
 (``"released"``), ``audio_policy`` (``"released"``) and ``max_audio_seconds`` (60).
+
+The placeholders and the serving layout are the plugin registry's (``image`` and ``audio``); the
+processor serves those two, vLLM's own media kinds. A modality added by a plugin renders,
+tokenizes and goes through the offline pipeline, but is not served: vLLM refuses its parts.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from vllm.multimodal.processing import (
 from apertus_plugins.chat import ChatTokenizer
 from apertus_plugins.media import audio as media_audio
 from apertus_plugins.media import image as media_image
-from apertus_plugins.plugins import serving_layout
+from apertus_plugins.plugins import registry, serving_layout
 from apertus_plugins.vocab import VocabSpec
 
 __all__ = ["Apertus1p5ProcessingInfo", "Apertus1p5DummyInputsBuilder", "Apertus1p5MultiModalProcessor",
@@ -51,6 +55,11 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "audio_policy": "released",
     "max_audio_seconds": 60.0,
 }
+
+
+def _placeholder(kind: str) -> str:
+    """The marker name of a served modality's placeholder, from the plugin registry."""
+    return registry().modalities[kind].placeholder
 
 
 def _tokenizer_dir(name: str) -> Path:
@@ -175,7 +184,7 @@ class Apertus1p5DummyInputsBuilder(BaseDummyInputsBuilder[Apertus1p5ProcessingIn
 
     def get_dummy_text(self, mm_counts: Mapping[str, int]) -> str:
         spec = self.info.spec
-        return spec.literal("image") * mm_counts.get("image", 0) + spec.literal("audio") * mm_counts.get("audio", 0)
+        return "".join(spec.literal(_placeholder(kind)) * mm_counts.get(kind, 0) for kind in ("image", "audio"))
 
     def get_dummy_mm_data(self, seq_len: int, mm_counts: Mapping[str, int], mm_options: Any) -> dict[str, Any]:
         side = self.info.max_image_side(seq_len)
@@ -213,7 +222,7 @@ class Apertus1p5MultiModalProcessor(BaseMultiModalProcessor[Apertus1p5Processing
                             out_mm_kwargs: MultiModalKwargsItems) -> Sequence[PromptUpdate]:
         opts = self.info.options(hf_processor_mm_kwargs)
         spec = self.info.spec
-        image_id, audio_id = spec.id("image"), spec.id("audio")
+        image_id, audio_id = spec.id(_placeholder("image")), spec.id(_placeholder("audio"))
 
         def image_replacement(item_idx: int) -> PromptUpdateDetails[list[int]]:
             size = mm_items.get_items("image", ImageProcessorItems).get_image_size(item_idx)

@@ -16,13 +16,11 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-__all__ = ["VARIANTS", "ChatFormatError", "compile_template", "jinja_template", "normalize_messages",
-           "reasoning_as_blocks", "render"]
+__all__ = ["VARIANTS", "ChatFormatError", "compile_template", "jinja_template", "media_placeholders",
+           "normalize_messages", "reasoning_as_blocks", "render"]
 
 VARIANTS = ("inference", "training")
 TEXT_PARTS = ("text",)
-IMAGE_PARTS = ("image", "image_url", "input_image")
-AUDIO_PARTS = ("audio", "audio_url", "input_audio")
 ROLES = ("system", "user", "assistant", "tool")
 BLOCKS = ("thoughts", "response", "tool_calls", "tool_outputs")
 
@@ -36,13 +34,30 @@ def _source() -> str:
     return (resources.files(__package__) / "apertus1p5.jinja").read_text(encoding="utf-8")
 
 
+def media_placeholders() -> dict[str, str]:
+    """Content-part type -> placeholder literal, for every registered modality (the plugin
+    registry's ``part_types`` and ``placeholder``; the built-ins give ``image``, ``image_url`` and
+    ``input_image`` -> ``<|image|>``, ``audio``, ``audio_url`` and ``input_audio`` -> ``<|audio|>``)."""
+    from ..plugins import registry
+    from ..vocab import default_spec
+
+    spec = default_spec()
+    return {t: spec.literal(m.placeholder) for m in registry().modalities.values() for t in m.part_types}
+
+
 def jinja_template(variant: str = "inference") -> str:
-    """The Jinja source of the chat template, for ``tokenizer.chat_template``."""
+    """The Jinja source of the chat template, for ``tokenizer.chat_template``.
+
+    Its first line sets the media part types and their placeholders from the plugin registry
+    (:func:`media_placeholders`), so a checkpoint written with a plugin modality installed renders
+    that modality's parts too.
+    """
     if variant not in VARIANTS:
         raise ValueError(f"unknown template variant {variant!r}; variants are {', '.join(VARIANTS)}")
+    media = "{%- set apertus_media = " + json.dumps(media_placeholders(), ensure_ascii=False) + " -%}\n"
     if variant == "training":
-        return "{%- set apertus_training_variant = true -%}\n" + _source()
-    return _source()
+        return "{%- set apertus_training_variant = true -%}\n" + media + _source()
+    return media + _source()
 
 
 def _raise(message: str) -> None:
@@ -85,10 +100,10 @@ def _check_parts(parts: Any, where: str, text_only: bool) -> None:
                 raise ChatFormatError(f"{where}, part {k}: a text part needs a string 'text'")
         elif text_only:
             raise ChatFormatError(f"{where}, part {k}: only text parts can stand here, got {kind!r}")
-        elif kind not in IMAGE_PARTS + AUDIO_PARTS:
+        elif kind not in media_placeholders():
             raise ChatFormatError(
                 f"{where}, part {k}: unknown content part type {kind!r} (expected one of "
-                f"{', '.join(TEXT_PARTS + IMAGE_PARTS + AUDIO_PARTS)})")
+                f"{', '.join(TEXT_PARTS + tuple(media_placeholders()))})")
 
 
 def _text_of(parts: list[Any]) -> str:
@@ -99,8 +114,8 @@ def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Check the messages and return them in the shape the released template renders.
 
     The released (canonical) shapes pass unchanged: string contents, user content as
-    ``{"parts": [...]}`` (``text`` parts, image parts ``image``/``image_url``/``input_image``, audio
-    parts ``audio``/``audio_url``/``input_audio``), assistant content as a string or as
+    ``{"parts": [...]}`` (``text`` parts and the media part types of the registered modalities:
+    :func:`media_placeholders`), assistant content as a string or as
     ``{"blocks": [...]}`` (``thoughts``, ``response``, ``tool_calls``, ``tool_outputs``), tool calls
     with JSON-string arguments. OpenAI-style lists of parts become the canonical shape (user:
     ``{"parts": ...}``; system, assistant and tool: their text joined); tool-call arguments given

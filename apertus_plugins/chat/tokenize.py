@@ -18,8 +18,9 @@ structure": the thinking delimiters in it, in either surface form (``<|inner_pre
 tokenizer's normalizer does for training data; any other structure literal in assistant text
 stays plain text.
 
-Media placeholders (image and audio parts) expand into the media sequences given in ``media``,
-in order of appearance; without ``media`` each stays the single placeholder id, which a serving
+Media placeholders (the parts of every registered modality, :mod:`apertus_plugins.plugins`)
+expand into the media sequences given in ``media``, in order of appearance, their codes taking the
+role of their code block; without ``media`` each stays the single placeholder id, which a serving
 processor expands later.
 """
 
@@ -258,6 +259,11 @@ class ChatTokenizer:
         self._delims = delims
         self._delim_re = re.compile("|".join(re.escape(s) for s in sorted(delims, key=len, reverse=True)))
         self._id_to_name = self.spec.id_to_name
+        from ..plugins import registry
+
+        names = self.spec.name_to_id
+        #: placeholder id -> the registered modality it stands for (those this vocabulary has)
+        self._placeholders = {names[m.placeholder]: m for m in registry().modalities.values() if m.placeholder in names}
 
     # ------------------------------------------------------------------ plain text
     def text_ids(self, text: str) -> list[int]:
@@ -307,12 +313,11 @@ class ChatTokenizer:
         return self._scan(text, media)
 
     def _scan(self, text: str, media: Sequence[MediaItem] | None) -> Encoded:
-        spec = self.spec
         ids: list[int] = []
         roles: list[int] = []
         buf: list[str] = []
         state = {"role": "structure", "media": 0}
-        placeholders = {spec.id("image"): "image", spec.id("audio"): "audio"}
+        placeholders = self._placeholders
 
         def flush() -> None:
             if buf:
@@ -329,12 +334,16 @@ class ChatTokenizer:
                     raise ChatFormatError(f"the conversation has more media placeholders than the {len(media)} "
                                           "media items given")
                 item = media[k]
-                if item.kind != placeholders[tid]:
+                mod = placeholders[tid]
+                if item.kind != mod.name:
                     raise ChatFormatError(f"media item {k} is {item.kind!r} but placeholder {k} is "
-                                          f"{placeholders[tid]!r}")
+                                          f"{mod.name!r}")
+                if mod.codes_in not in _ROLE:
+                    raise ChatFormatError(f"media item {k} ({mod.name}): its codes are in the block "
+                                          f"{mod.codes_in!r}, which has no role (roles: {', '.join(ROLES)})")
                 seq = [int(i) for i in np.asarray(item.ids).ravel()]
                 ids.extend(seq)
-                roles.extend([_ROLE[item.kind]] * len(seq))
+                roles.extend([_ROLE[mod.codes_in]] * len(seq))
                 state["media"] = k + 1
                 return
             ids.append(tid)

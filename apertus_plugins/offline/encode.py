@@ -67,22 +67,32 @@ class MediaEncoders:
         from .. import encoders
 
         loaders = {"image": encoders.load_vision_tokenizer, "audio": encoders.load_audio_tokenizer}
-        if modality not in loaders:
-            raise ValueError(f"no encoder for modality {modality!r} (the pipeline encodes image and audio)")
-        model = loaders[modality](self.checkpoint, device=self.device, precision=self.precision)
+        if modality in loaders:
+            model = loaders[modality](self.checkpoint, device=self.device, precision=self.precision)
+        else:
+            from .sources import plugin_modality
+
+            factory = plugin_modality(modality, "tokenizer_factory").tokenizer_factory
+            model = factory(self.checkpoint, device=self.device, precision=self.precision)
         self._models[modality] = model
         self.loads += 1
         return model
 
     def encode(self, modality: str, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        """Codes of preprocessed items (image pixels ``[3, H, W]``, audio ``[samples]``), in input order."""
+        """Codes of preprocessed items (image pixels ``[3, H, W]``, audio ``[samples]``, a plugin
+        modality's arrays), in input order."""
         if not arrays:
             return []
         from .. import encoders
 
         model = self._model(modality)
-        fn = encoders.encode_images if modality == "image" else encoders.encode_audio
-        return [np.asarray(c, dtype=np.int64) for c in fn(model, arrays, batch_size=self.batch_size)]
+        if modality == "image":
+            codes = encoders.encode_images(model, arrays, batch_size=self.batch_size)
+        elif modality == "audio":
+            codes = encoders.encode_audio(model, arrays, batch_size=self.batch_size)
+        else:  # a plugin modality's encoder (Modality.tokenizer_factory)
+            codes = model.encode(arrays, batch_size=self.batch_size)
+        return [np.asarray(c, dtype=np.int64) for c in codes]
 
 
 def _set_threads() -> None:

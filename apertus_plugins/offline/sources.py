@@ -64,6 +64,7 @@ class Reasons:
     EMPTY = "empty file"
     IMAGE = "unreadable image"
     AUDIO = "unreadable audio"
+    MEDIA = "unreadable media"
     ASPECT = "aspect ratio above 200"
     IMAGE_SIZE = "invalid image size"
     FORMAT = "unsupported sample format"
@@ -268,7 +269,27 @@ def media_shape(ref: MediaRef, resize_policy: str, audio_policy: str,
             ref.shape = [n]
             ref.codes = audio_code_count(n)
         else:
-            raise BadInput(Reasons.FORMAT, f"{ref.name}: no planner for modality {ref.kind!r}")
+            mod = plugin_modality(ref.kind, "probe")
+            try:
+                shape, codes = mod.probe(fh.read())
+            except (ValueError, OSError) as exc:
+                raise BadInput(Reasons.MEDIA, f"{ref.name}: not a readable {ref.kind} item ({exc})") from exc
+            ref.shape = [int(x) for x in shape]
+            ref.codes = int(codes)
+
+
+def plugin_modality(kind: str, need: str) -> Any:
+    """The registered modality ``kind`` (a plugin's), which must provide ``need`` (``probe``, ``load``,
+    ``tokenizer_factory``); raises :class:`BadInput` naming what is missing."""
+    from ..plugins import registry
+
+    mod = registry().modalities.get(kind)
+    if mod is None:
+        raise BadInput(Reasons.FORMAT, f"no registered modality {kind!r}")
+    if getattr(mod, need) is None:
+        raise BadInput(Reasons.FORMAT, f"the {kind} modality (a plugin's) gives no {need}: the offline "
+                                       f"pipeline needs its probe, load and tokenizer_factory")
+    return mod
 
 
 # ---------------------------------------------------------------------- names
@@ -665,8 +686,13 @@ def media_parts(messages: list[dict[str, Any]]) -> Iterator[tuple[int, int, str,
 
 
 def _part_value(part: dict[str, Any]) -> Any:
+    """The value naming a media part's file or data: under its own type's key, a generic key, or
+    another registered part type's key (``{"type": "image", "image_url": ...}``)."""
+    from ..plugins import registry
+
     t = part.get("type")
-    for key in (t, "path", "file", "url", "data", "image_url", "audio_url", "input_audio", "image", "audio"):
+    others = (pt for m in registry().modalities.values() for pt in m.part_types)
+    for key in (t, "path", "file", "url", "data", *others):
         if key and part.get(key) is not None:
             return part[key]
     return None

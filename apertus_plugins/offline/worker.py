@@ -59,6 +59,7 @@ from .sources import (
     media_base,
     parse_record,
     part_source,
+    plugin_modality,
     read_media,
     scan_shard,
 )
@@ -247,15 +248,17 @@ class WorkerContext:
                 return preprocess_audio(wave, rate, self.cfg.audio_policy)
             except (AudioError, OSError) as exc:
                 raise BadInput(Reasons.AUDIO, f"{ref.name}: {_strip_name(exc)}") from exc
-        raise BadInput(Reasons.FORMAT, f"{ref.name}: no loader for modality {ref.kind!r}")
+        mod = plugin_modality(ref.kind, "load")
+        try:
+            return np.asarray(mod.load(data))
+        except (ValueError, OSError) as exc:
+            raise BadInput(Reasons.MEDIA, f"{ref.name}: {_strip_name(exc)}") from exc
 
     def sequence(self, kind: str, codes: np.ndarray) -> np.ndarray:
         """The id sequence of one media item, through the registered modality's builder."""
         mod = self.registry.modalities[kind]
-        if kind == "image":
-            return np.asarray(mod.build_sequence(codes, self.spec, layout=self.cfg.image_layout,
-                                                 text_ids=self.chat.char_ids), dtype=np.int64)
-        return np.asarray(mod.build_sequence(codes, self.spec), dtype=np.int64)
+        kw = {"layout": self.cfg.image_layout} if kind == "image" else {}
+        return np.asarray(mod.build_sequence(codes, self.spec, text_ids=self.chat.char_ids, **kw), dtype=np.int64)
 
     # ------------------------------------------------------------------ documents
     def pretrain_document(self, item: Item, codes: np.ndarray) -> np.ndarray:

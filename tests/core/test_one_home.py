@@ -114,3 +114,41 @@ def test_no_adapter_parses_versions_by_hand():
                 "__init__.py", "plugin.py", "version.py"):
             source = path.read_text(encoding="utf-8")
             assert "version.split(" not in source and "_version_tuple" not in source, rel
+
+
+#: Part types of the built-in modalities (those that are not also a modality's name): only
+#: ``apertus_plugins/modalities.py`` lists them.
+PART_TYPES = {"image_url", "input_image", "audio_url", "input_audio"}
+
+
+def test_media_part_types_are_listed_by_the_modalities_only():
+    """The chat normalizer, the template, the tokenizer and the offline pipeline read part types
+    from the plugin registry; a collection literal naming two of them elsewhere restates the list."""
+    found = []
+    for path in _sources():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                names = {e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in PART_TYPES}
+                if names:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == [f"apertus_plugins/modalities.py:{n}" for n in _part_type_lines()], found
+    jinja = (ROOT / "apertus_plugins" / "chat" / "apertus1p5.jinja").read_text(encoding="utf-8")
+    assert "input_image" not in jinja and "audio_url" not in jinja
+
+
+def _part_type_lines() -> list[int]:
+    src = (ROOT / "apertus_plugins" / "modalities.py").read_text(encoding="utf-8").splitlines()
+    return [k + 1 for k, line in enumerate(src) if line.strip().startswith("part_types=(")]
+
+
+def test_task_markers_have_one_home():
+    """The audio modality declares the task-control markers; the loss targets read them from the registry."""
+    from apertus_plugins.targets import task_control_markers
+
+    assert task_control_markers() == ("stt_transcribe", "stt_continue", "tts_continue")
+    for path in _sources():
+        if path.name == "modalities.py":
+            continue
+        text = path.read_text(encoding="utf-8")
+        assert '("stt_transcribe", "stt_continue", "tts_continue")' not in text, path

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from apertus_plugins import plugins
+from apertus_plugins.chat import ROLES
 from apertus_plugins.plugins import Modality, build_registry, get_plugin_manager, hookimpl
 
 
@@ -36,7 +37,7 @@ def test_duplicate_names_are_an_error_naming_both_plugins():
         build_registry(pm)
 
 
-def test_judges_rewards_and_rules_are_collected():
+def test_judges_and_rewards_are_collected():
     class Extras:
         @hookimpl
         def apertus_judges(self):
@@ -46,74 +47,111 @@ def test_judges_rewards_and_rules_are_collected():
         def apertus_reward_functions(self):
             return {"always-one": lambda response, gt, **kw: 1.0}
 
-        @hookimpl
-        def apertus_target_rules(self):
-            return {"no-op": lambda ids, labels, weights, spec: weights}
-
     pm = get_plugin_manager(load_entry_points=False)
     pm.register(Extras(), name="extras")
     reg = build_registry(pm)
     assert reg.judges["echo-judge"]() == "judge"
     assert reg.reward_functions["always-one"]("x", None) == 1.0
-    assert "no-op" in reg.target_rules
 
+
+def test_a_hook_outside_the_contract_is_an_error_naming_plugin_and_hook():
+    """``apertus_target_rules`` was declared once and never read; a plugin still implementing it
+    (or a misspelled hook) is refused instead of being silently ignored."""
+    class Old:
+        @hookimpl
+        def apertus_target_rules(self):
+            return {"no-op": lambda ids, labels, weights, spec: weights}
+
+    pm = get_plugin_manager(load_entry_points=False)
+    pm.register(Old(), name="old-plugin")
+    with pytest.raises(ValueError, match="'old-plugin'.*apertus_target_rules.*the hooks are apertus_commands"):
+        build_registry(pm)
+    assert not hasattr(plugins.Registry(), "target_rules")
 
 
 def test_make_judge_builds_the_registered_backend_and_names_the_known_ones():
     from apertus_plugins.judges import OpenAIJudge
 
-    judge = plugins.make_judge("openai", base_url="http://127.0.0.1:9/v1", model="judge", scale=(1, 5))
+    judge = plugins.make_judge("openai", base_url="http://127.0.0.1:9/v1", model="judge", scale=(1, 5),
+                              charter="@sample")
     assert isinstance(judge, OpenAIJudge) and judge.model == "judge"
     with pytest.raises(KeyError, match="unknown judge backend 'nope'; registered: .*openai"):
         plugins.make_judge("nope")
 
-THIRD_PARTY_MODULE = '''
-from apertus_plugins.plugins import Modality, hookimpl
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_plugins"))
+from install import install_plugin  # noqa: E402  (tests/_plugins: the example plugins and their installer)
+
+#: Run with the plugin installed: registry, vocabulary, normalizer, template and tokenizer see ``video``.
+VIDEO_PROBE = textwrap.dedent('''
+    import json, sys
+    import numpy as np
+    from apertus_plugins.chat import ChatTokenizer, MediaItem, normalize_messages, render
+    from apertus_plugins.chat.template import jinja_template
+    from apertus_plugins.plugins import registry
+    from apertus_plugins.tokenizer_builder import build_test_tokenizer
+    from apertus_plugins.vocab import VocabSpec, default_spec
+
+    r = registry()
+    spec = VocabSpec.scaled()
+    tok_dir = build_test_tokenizer(sys.argv[1], spec)
+    read = VocabSpec.from_tokenizer_dir(sys.argv[1])
+    chat = ChatTokenizer(sys.argv[1])
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "what happens? <|video|>"},
+                                         {"type": "video_url", "video_url": {"url": "clip.npy"}}]},
+            {"role": "assistant", "content": "A ball rolls."}]
+    norm = normalize_messages(msgs)
+    text = render(msgs, variant="training")
+    plain = chat.encode_conversation(msgs, variant="training")
+    seq = [spec.id("video_start"), spec.id("img_start"), 300, 301, spec.id("img_end"), spec.id("video_end")]
+    full = chat.encode_conversation(msgs, variant="training", media=[MediaItem("video", seq)])
+    vid = spec.id("video")
+    k = full.ids.tolist().index(spec.id("video_start"))
+    try:
+        chat.encode_conversation(msgs, variant="training", media=[MediaItem("image", seq)])
+        wrong = None
+    except ValueError as exc:
+        wrong = str(exc)
+    print(json.dumps({
+        "names": sorted(r.modalities), "part": r.modality_for_part("video_url").name,
+        "ids": [default_spec().id(n) for n in ("video", "video_start", "video_end")],
+        "read": [read.id(n) for n in ("video", "video_start", "video_end")],
+        "normalized": norm[0]["content"] == {"parts": msgs[0]["content"]},
+        "rendered": text,
+        "template_media": jinja_template().splitlines()[0],
+        "placeholders": int((plain.ids == vid).sum()),
+        "expanded": full.ids[k:k + len(seq)].tolist() == seq and int((full.ids == vid).sum()) == 0,
+        "roles": sorted(set(full.roles[k:k + len(seq)].tolist())),
+        "wrong": wrong,
+    }))
+''')
 
 
-def build(codes, spec, layout="frames", **kw):
-    return list(codes)
-
-
-@hookimpl
-def apertus_modalities():
-    return [Modality(name="video", codebook_size=16, placeholder="image", markers=(),
-                     part_types=("video_url",), layouts=("frames",), build_sequence=build)]
-'''
-
-
-def test_third_party_modality_installed_with_pip_appears_in_registry(tmp_path: Path):
-    """Build and pip-install a tiny distribution with an `apertus` entry point, then look in a fresh process."""
-    src = tmp_path / "src"
-    (src / "tiny_video").mkdir(parents=True)
-    (src / "tiny_video" / "__init__.py").write_text(textwrap.dedent(THIRD_PARTY_MODULE))
-    (src / "pyproject.toml").write_text(textwrap.dedent('''
-        [build-system]
-        requires = ["setuptools>=61"]
-        build-backend = "setuptools.build_meta"
-        [project]
-        name = "tiny-apertus-video"
-        version = "0.0.1"
-        [project.entry-points.apertus]
-        video = "tiny_video"
-        [tool.setuptools]
-        packages = ["tiny_video"]
-    '''))
-    target = tmp_path / "site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "--target", str(target), str(src)],
-        check=True,
-    )
-    probe = (
-        "import json; from apertus_plugins.plugins import registry; r = registry(); "
-        "m = r.modalities['video']; print(json.dumps({'names': sorted(r.modalities), "
-        "'part': r.modality_for_part('video_url').name, 'seq': m.build_sequence([3, 4], None)}))"
-    )
-    env = {"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+def test_third_party_modality_installed_with_pip_goes_through_normalize_render_and_tokenize(tmp_path: Path):
+    """The example ``video`` plugin, pip-installed: a ``video_url`` part is accepted, rendered as its
+    placeholder, and tokenized to the placeholder id (or the item's sequence, in the image role);
+    the same literal in user text stays text."""
+    env = install_plugin(tmp_path / "site")
+    out = subprocess.run([sys.executable, "-c", VIDEO_PROBE, str(tmp_path / "tok")], env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout)
-    assert got == {"names": ["audio", "image", "video"], "part": "video", "seq": [3, 4]}
+    assert got["names"] == ["audio", "image", "video"] and got["part"] == "video"
+    assert got["ids"] == [131_072 + 16, 131_072 + 17, 131_072 + 18]  # omni slots 16-18 of the released layout
+    assert got["read"] == [512 + 16, 512 + 17, 512 + 18]  # and of the scaled test tokenizer written with the plugin
+    assert got["normalized"]
+    assert got["rendered"].endswith("<|user_start|>what happens? <|video|><|video|><|user_end|>"
+                                    "<|assistant_start|>A ball rolls.<|assistant_end|>")
+    assert '"video_url": "<|video|>"' in got["template_media"] and '"image_url": "<|image|>"' in got["template_media"]
+    assert got["placeholders"] == 1  # the part's; the literal in the user's text stays text
+    assert got["expanded"] and got["roles"] == [ROLES.index("image")]  # video codes are image codes
+    assert "media item 0 is 'image' but placeholder 0 is 'video'" in got["wrong"]
+
+
+def test_without_the_plugin_a_video_part_is_refused_naming_the_known_types():
+    from apertus_plugins.chat import ChatFormatError, normalize_messages
+
+    with pytest.raises(ChatFormatError, match="unknown content part type 'video_url'.*image_url.*input_audio"):
+        normalize_messages([{"role": "user", "content": [{"type": "video_url", "video_url": {"url": "x"}}]}])
 
 
 def test_registry_is_cached_per_process():
