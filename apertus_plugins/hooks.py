@@ -39,7 +39,7 @@ class Modality:
         layouts: the names of the sequence layouts it supports; the first is the serving default.
         build_sequence: ``build_sequence(codes, spec, text_ids=..., layout=...) -> ids``; ``text_ids``
             maps a string to text ids (the chat tokenizer's ``char_ids``); the offline pipeline
-            passes ``layout`` to the image modality only.
+            passes the run's image ``layout`` to every modality whose codes are image codes.
         tokenizer_factory: ``factory(checkpoint_dir, device=..., precision=...) -> encoder`` or
             ``None`` when the modality brings no encoder of its own; a plugin's encoder has
             ``encode(arrays, batch_size=...) -> list of code arrays`` (the built-in modalities use

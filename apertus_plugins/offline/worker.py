@@ -257,7 +257,7 @@ class WorkerContext:
     def sequence(self, kind: str, codes: np.ndarray) -> np.ndarray:
         """The id sequence of one media item, through the registered modality's builder."""
         mod = self.registry.modalities[kind]
-        kw = {"layout": self.cfg.image_layout} if kind == "image" else {}
+        kw = {"layout": self.cfg.image_layout} if mod.codes_in == "image" else {}  # image-coded: the run's layout
         return np.asarray(mod.build_sequence(codes, self.spec, text_ids=self.chat.char_ids, **kw), dtype=np.int64)
 
     # ------------------------------------------------------------------ documents

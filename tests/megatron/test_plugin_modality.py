@@ -55,14 +55,16 @@ spec = chat.spec
 vision = load_vision_tokenizer(ckpt)
 def sequence(name):
     frames = [encode_images(vision, [preprocess_image(f, "released").pixels])[0] for f in videos[name]]
-    body = [image_sequence(c, spec, "inference", text_ids=chat.char_ids) for c in frames]
+    body = [image_sequence(c, spec, "training", text_ids=chat.char_ids) for c in frames]  # the run's layout
     return np.concatenate([[spec.id("video_start")], *body, [spec.id("video_end")]])
 expected = []
 for r in records[:2]:
     names = [p["video_url"]["url"] for p in r["messages"][0]["content"] if p["type"] == "video_url"]
     enc = chat.encode_conversation(r["messages"], variant="training", media=[MediaItem("video", sequence(n)) for n in names])
     expected.append(enc.ids.tolist())
-print(json.dumps({"rc": run.returncode, "stderr": run.stderr[-3000:], "expected": expected,
+from apertus_video import probe
+codes = {n: probe((data / n).read_bytes())[1] for n in videos}
+print(json.dumps({"codes": codes, "rc": run.returncode, "stderr": run.stderr[-3000:], "expected": expected,
                   "ids": {n: spec.id(n) for n in ("video", "video_start", "video_end", "img_start", "user_start")},
                   "image_codes": [spec.modalities[0].offset, spec.modalities[0].end]}))
 '''
@@ -88,7 +90,8 @@ def test_plugin_video_modality_through_the_offline_sft_pipeline(tmp_path: Path) 
         assert (doc == ids["video"]).sum() == 0  # every placeholder expanded
         frames = 2 if d == 0 else 5
         assert (doc == ids["img_start"]).sum() == frames
-        assert ((doc >= lo) & (doc < hi)).sum() == (2 * 2 * 3 if d == 0 else 2 * 2 * 3 + 3 * 2 * 2)
+        n_codes = got["codes"]["a.npy"] + (got["codes"]["b.npy"] if d else 0)
+        assert ((doc >= lo) & (doc < hi)).sum() == n_codes  # the planner's count is the documents' count
     # the second conversation's user text holds the placeholder literal: it stays text
     second = docs[1].astype(np.int64).tolist()
     assert second.count(ids["video_start"]) == 2

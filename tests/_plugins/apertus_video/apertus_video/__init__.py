@@ -1,7 +1,7 @@
 """An example ``video`` modality for Apertus 1.5, registered through the ``apertus`` hooks.
 
 A video is a ``.npy`` file of uint8 frames ``[T, H, W, 3]`` (H and W multiples of 16). Its
-sequence is ``<|video_start|>``, each frame as an image in the inference layout (the image
+sequence is ``<|video_start|>``, each frame as an image in the requested image layout (the image
 codebook: the frames are encoded by the checkpoint's vision tokenizer), then ``<|video_end|>``;
 a conversation names it with a ``video_url`` part, which the chat template renders as
 ``<|video|>``. The three markers take omni slots 16 to 18, free in the released layout.
@@ -29,8 +29,12 @@ def _frames(data: bytes) -> np.ndarray:
 
 
 def probe(data: bytes) -> tuple[list[int], int]:
+    """``[T, H, W]`` after the released resize, and the number of codes of all frames."""
+    from apertus_plugins.media.image import image_grid, resized_size
+
     t, h, w, _ = _frames(data).shape
-    return [t, h, w], t * (h // PATCH) * (w // PATCH)
+    rows, cols = image_grid(h, w, "released")
+    return [t, *resized_size(h, w, "released")], t * rows * cols
 
 
 def load(data: bytes) -> np.ndarray:
@@ -55,10 +59,11 @@ class FrameEncoder:
                 for v in arrays]
 
 
-def build_sequence(codes: Any, spec: Any, text_ids: Any = None, layout: str = "frames") -> np.ndarray:
+def build_sequence(codes: Any, spec: Any, text_ids: Any = None, layout: str = "inference") -> np.ndarray:
+    """``<|video_start|>``, each frame's image sequence in the image ``layout``, ``<|video_end|>``."""
     from apertus_plugins.media.image import image_sequence
 
-    frames = [image_sequence(c, spec, "inference", text_ids=text_ids) for c in np.asarray(codes)]
+    frames = [image_sequence(c, spec, layout, text_ids=text_ids) for c in np.asarray(codes)]
     return np.concatenate([[spec.id("video_start")], *frames, [spec.id("video_end")]]).astype(np.int64)
 
 
@@ -68,7 +73,7 @@ VIDEO = Modality(
     placeholder="video",
     markers=("video_start", "video_end"),
     part_types=("video_url",),
-    layouts=("frames",),
+    layouts=("inference", "training"),
     build_sequence=build_sequence,
     tokenizer_factory=FrameEncoder,
     slots={16: ("video", "<|video|>"), 17: ("video_start", "<|video_start|>"), 18: ("video_end", "<|video_end|>")},
