@@ -11,7 +11,6 @@ patched by ``cpu_site/sitecustomize.py`` (the harness in ``cpu_patches.py``).
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 import math
@@ -180,9 +179,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@functools.cache
 def cpu_env(**extra: str) -> dict[str, str]:
-    """The environment of a patched run: the harness's site folder first, this checkout next."""
+    """The environment of a patched run: the harness's site folder first, this checkout next (a new
+    dict each call: a caller may change its copy)."""
     env = dict(os.environ, APERTUS_MEGATRON_CPU="1", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
                CUDA_DEVICE_MAX_CONNECTIONS="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(CPU_SITE), str(ROOT), env.get("PYTHONPATH", "")) if p)

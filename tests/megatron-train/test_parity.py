@@ -147,7 +147,8 @@ def test_trained_checkpoint_converts_back(data: Data, trained: Path, trained_hf:
 
 def test_trained_checkpoint_serves_with_megatrons_numbers(trained: Path, trained_hf: Path, request_file: Path,
                                                           work: Path) -> None:
-    from apertus_plugins.serve import CPU_ARGS, VLLMServer, http_json
+    from apertus_plugins.client import http_json
+    from apertus_plugins.serve import CPU_ARGS, VLLMServer
 
     req = json.loads(request_file.read_text())
     meg = json.loads((work / "megatron-trained.json").read_text()) if (work / "megatron-trained.json").is_file() \

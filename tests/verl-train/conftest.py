@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from apertus_plugins.serve import CPU_ARGS, VLLMServer, http_json
+from apertus_plugins.client import http_json
+from apertus_plugins.serve import CPU_ARGS, VLLMServer
 
 # this process is a verl process too (it loads saved checkpoints through the plugin): the CPU platform
 sys.path.insert(0, str(Path(__file__).resolve().parent / "harness"))

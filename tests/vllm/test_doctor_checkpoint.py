@@ -293,4 +293,5 @@ def test_the_command_line(good, tmp_path):
     failed = {c["id"] for c in data["checks"] if c["status"] == "fail"}
     assert failed == {"config.rope", "compare.rope"} and data["ok"] is False
     missing = subprocess.run(run + [str(tmp_path / "nope")], capture_output=True, text=True)
-    assert missing.returncode == 2 and "not a directory" in missing.stderr
+    assert missing.returncode == 2 and "'" + str(tmp_path / "nope") + "': no such file or directory" in missing.stderr
+    assert "not a Hub model id" in missing.stderr
