@@ -262,7 +262,8 @@ class Apertus(lmms):
         return int(out["count"])
 
     def fit_to_context(self, body: dict[str, Any], where: str) -> dict[str, Any]:
-        """The output cap lowered so prompt and output fit the served context (vLLM answers 400 otherwise)."""
+        """The output cap lowered so prompt and output fit the served context (vLLM answers 400 or
+        shortens the cap silently otherwise, depending on its version)."""
         if not self.max_model_len:
             return body
         room = self.max_model_len - self.prompt_length(body)

