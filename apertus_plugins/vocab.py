@@ -78,6 +78,7 @@ OMNI_SLOTS: dict[int, tuple[str, str]] = {
     15: ("audio_annotate", "<|audio_annotate|>"),
 }
 
+
 def registered_slots() -> dict[int, tuple[str, str]]:
     """The omni slots of the released layout plus those the registered modalities add
     (``Modality.slots``, through the ``apertus`` plugin hooks): slot -> (name, literal)."""

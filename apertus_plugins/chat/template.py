@@ -34,10 +34,12 @@ def _source() -> str:
     return (resources.files(__package__) / "apertus1p5.jinja").read_text(encoding="utf-8")
 
 
+@cache
 def media_placeholders() -> dict[str, str]:
     """Content-part type -> placeholder literal, for every registered modality (the plugin
     registry's ``part_types`` and ``placeholder``; the built-ins give ``image``, ``image_url`` and
-    ``input_image`` -> ``<|image|>``, ``audio``, ``audio_url`` and ``input_audio`` -> ``<|audio|>``)."""
+    ``input_image`` -> ``<|image|>``, ``audio``, ``audio_url`` and ``input_audio`` -> ``<|audio|>``).
+    Built once per process, as the registry is; do not modify the returned mapping."""
     from ..plugins import registry
     from ..vocab import default_spec
 

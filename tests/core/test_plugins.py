@@ -54,6 +54,25 @@ def test_judges_and_rewards_are_collected():
     assert reg.reward_functions["always-one"]("x", None) == 1.0
 
 
+def test_a_modality_claiming_a_used_omni_slot_or_name_is_an_error_naming_both(monkeypatch):
+    from apertus_plugins.vocab import VocabError, registered_slots
+
+    def with_modality(slots):
+        extra = Modality("probe", 1, "probe", (), ("probe_url",), ("l",), lambda *a, **k: None, slots=slots)
+        reg = build_registry(get_plugin_manager(load_entry_points=False))
+        reg.modalities["probe"] = extra
+        monkeypatch.setattr(plugins, "registry", lambda: reg)
+
+    with_modality({7: ("probe", "<|probe|>")})
+    with pytest.raises(VocabError, match=r"modality 'probe' claims omni slot 7 \('<\|probe\|>'\), which holds '<\|image\|>'"):
+        registered_slots()
+    with_modality({20: ("img_start", "<|img_start2|>")})
+    with pytest.raises(VocabError, match="names omni slot 20 'img_start', the name of slot 1"):
+        registered_slots()
+    with_modality({20: ("probe", "<|probe|>")})
+    assert registered_slots()[20] == ("probe", "<|probe|>")
+
+
 def test_a_hook_outside_the_contract_is_an_error_naming_plugin_and_hook():
     """``apertus_target_rules`` was declared once and never read; a plugin still implementing it
     (or a misspelled hook) is refused instead of being silently ignored."""
