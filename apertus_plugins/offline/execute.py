@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -57,8 +58,8 @@ class RunError(ValueError):
     """A run that cannot start or continue (another run holds the work dir, changed inputs, a failed task...)."""
 
 
-class Executor:
-    """The interface of the executors (see the module docstring)."""
+class Executor(ABC):
+    """The interface of the executors (see the module docstring); ``map`` and ``batches`` are abstract."""
 
     #: what runs in parallel: worker processes (local) or CPUs (Ray)
     workers: int = 1
@@ -71,18 +72,18 @@ class Executor:
 
         return resolve_device(wanted)
 
+    @abstractmethod
     def map(self, fn: Callable[..., Any], calls: Iterable[tuple[Any, tuple[Any, ...]]],
             on_done: Callable[[Any, Any], None], what: str) -> None:
         """Run ``fn(*args)`` for every ``(key, args)``; ``on_done(key, result)`` as each finishes."""
-        raise NotImplementedError
 
+    @abstractmethod
     def batches(self, work: str, refs: Iterable[BatchRef], on_done: Callable[[dict[str, Any]], None],
                 encode: bool = True) -> None:
         """Run every batch; ``on_done(record)`` as each is committed (``encode``: the plan holds media)."""
-        raise NotImplementedError
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None:  # noqa: B027 (optional hook: executors without resources keep nothing open)
+        """Release the workers; nothing to release by default."""
 
 
 class InProcess(Executor):
