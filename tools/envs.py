@@ -1,0 +1,232 @@
+"""The suites' virtual environments: built once per requirements, cached outside the clone.
+
+Each suite lives in ``tests/<suite>/`` with a ``requirements.txt``. Its virtual environment is
+kept outside the clone, in ``$APERTUS_VENV_CACHE`` (default ``~/.cache/apertus-plugins/venvs``),
+under a name keyed by a hash of the requirements, so a fresh clone reuses environments that are
+already built and a changed requirements file gets a new one. The package's metadata (console
+scripts, entry points) is installed into the environment from this checkout (editable, no
+dependencies) when it changes; the code under test is this checkout's, through ``PYTHONPATH``.
+A suite that also uses another suite's environment (a test that starts a vLLM server) names it
+in ``tests/<suite>/needs.txt``; its interpreter is passed as ``APERTUS_PYTHON_<SUITE>`` (``-``
+becomes ``_``). A suite whose ``tests/<suite>/python.txt`` says ``3.12`` gets its environment from
+``python3.12`` (on PATH, or under pyenv's ``versions/`` when the PATH entry is a shim that does not
+run), else from the interpreter running this script. The suites run with ``HF_HUB_OFFLINE=1``
+unless it is set: Hub ids are read from the Hugging Face cache only, and nothing tries to reach a
+model hub.
+
+System packages: a suite whose tests run a program that no Python environment holds (the core
+suite's headless Chromium) lists its Debian packages in ``tests/<suite>/debian.txt``, one a line
+(``#`` comments). Before the suite runs, each one ``dpkg-query`` does not report installed is
+installed with ``apt-get install -y`` (after an ``apt-get update`` when the first try fails); when
+that is not possible (no apt-get, not root, no registry) the command stops with an error naming the
+suite, the packages and the apt-get output.
+
+Used by ``noxfile.py`` (the test sessions) and ``tools/dev.py`` (the bootstrap); standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+CACHE = Path(os.environ.get("APERTUS_VENV_CACHE", Path.home() / ".cache" / "apertus-plugins" / "venvs"))
+#: Suites in run order; each names the Python it needs (megatron-core 0.19 and lmms-eval need 3.12).
+#: ``docs`` builds the documentation site (warnings are errors) and checks its links.
+SUITES = ["docs", "core", "reference", "megatron", "megatron-train", "vllm", "verl", "verl-train", "eval"]
+#: Where each suite's pytest writes its JUnit XML report (``<suite>.xml``): the summary reads them
+#: (``$APERTUS_TEST_REPORTS`` moves them).
+REPORTS = Path(os.environ.get("APERTUS_TEST_REPORTS", ROOT / "build" / "test-reports"))
+
+
+def log(msg: str) -> None:
+    print(f"[dev] {msg}", flush=True)
+
+
+def _runs(python: str) -> bool:
+    try:
+        return subprocess.run([python, "-c", "import sys"], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def base_python() -> str:
+    """The interpreter the suites' environments come from when they name none: the one that runs
+    ``tools/dev.py`` (passed to nox as ``APERTUS_BASE_PYTHON``), else this process's base interpreter
+    (the one a virtual environment was made from), so the cache keys do not depend on a venv."""
+    return os.environ.get("APERTUS_BASE_PYTHON") or getattr(sys, "_base_executable", None) or sys.executable
+
+
+def suite_python(suite: str) -> str:
+    """The interpreter of a suite: ``python<X.Y>`` from ``tests/<suite>/python.txt``, else this one.
+
+    A ``python3.12`` on PATH may be a pyenv shim that refuses to run while another version is the
+    selected one; then the interpreter under pyenv's ``versions/`` folder is taken.
+    """
+    marker = TESTS / suite / "python.txt"
+    if not marker.is_file():
+        return base_python()
+    want = marker.read_text().strip()
+    name = f"python{want}"
+    candidates = [shutil.which(name)]
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    candidates += sorted(str(p) for p in root.glob(f"versions/{want}.*/bin/{name}"))
+    for found in candidates:
+        if found and _runs(found):
+            return found
+    raise SystemExit(f"suite {suite} needs {name}, which is not on PATH (nor under {root}/versions)")
+
+
+def env_key(suite: str) -> str:
+    req = TESTS / suite / "requirements.txt"
+    h = hashlib.sha256()
+    h.update(req.read_bytes())
+    h.update(suite_python(suite).encode())
+    extra = TESTS / suite / "setup_env.sh"
+    if extra.is_file():
+        h.update(extra.read_bytes())
+    return f"{suite}-{h.hexdigest()[:16]}"
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on ``path`` (several checkouts may share one environment cache)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def needed_suites(suite: str) -> list[str]:
+    """Suites whose environments this suite's tests also use (``tests/<suite>/needs.txt``)."""
+    needs = TESTS / suite / "needs.txt"
+    if not needs.is_file():
+        return []
+    names = [ln.split("#")[0].strip() for ln in needs.read_text().splitlines()]
+    return [n for n in names if n]
+
+
+def debian_packages(suite: str) -> list[str]:
+    """The Debian packages ``tests/<suite>/debian.txt`` lists."""
+    listing = TESTS / suite / "debian.txt"
+    if not listing.is_file():
+        return []
+    names = [ln.split("#")[0].strip() for ln in listing.read_text().splitlines()]
+    return [n for n in names if n]
+
+
+def _installed(package: str) -> bool:
+    probe = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True)
+    return probe.returncode == 0 and probe.stdout.strip().endswith("install ok installed")
+
+
+def ensure_debian_packages(suite: str) -> None:
+    """Install the missing packages of ``tests/<suite>/debian.txt`` with apt-get, or stop with a clear error."""
+    wanted = debian_packages(suite)
+    if not wanted:
+        return
+    if not shutil.which("dpkg-query") or not shutil.which("apt-get"):
+        raise SystemExit(f"suite {suite} needs the Debian packages {' '.join(wanted)} (tests/{suite}/debian.txt), "
+                         "and this machine has no dpkg-query/apt-get to install them")
+    missing = [p for p in wanted if not _installed(p)]
+    if not missing:
+        return
+    sudo = [] if os.geteuid() == 0 else (["sudo", "-n"] if shutil.which("sudo") else None)
+    if sudo is None:
+        raise SystemExit(f"suite {suite} needs the Debian packages {' '.join(missing)} (tests/{suite}/debian.txt); "
+                         f"install them as root: apt-get install -y {' '.join(missing)}")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    install = [*sudo, "apt-get", "install", "-y", "-q", *missing]
+    log(f"{suite}: installing Debian packages {' '.join(missing)} (tests/{suite}/debian.txt)")
+    t0 = time.time()
+    done = subprocess.run(install, env=env, capture_output=True, text=True)
+    if done.returncode != 0:  # a stale or missing package list: refresh it once and try again
+        subprocess.run([*sudo, "apt-get", "update", "-q"], env=env, capture_output=True, text=True)
+        done = subprocess.run(install, env=env, capture_output=True, text=True)
+    still = [p for p in missing if not _installed(p)]
+    if done.returncode != 0 or still:
+        raise SystemExit(f"suite {suite} needs the Debian packages {' '.join(still or missing)} "
+                         f"(tests/{suite}/debian.txt), and `{' '.join(install)}` failed (exit {done.returncode}):\n"
+                         + (done.stdout + done.stderr)[-2000:])
+    log(f"{suite}: Debian packages ready in {time.time() - t0:.0f}s")
+
+
+def build_env(suite: str) -> Path:
+    """Create (or reuse) the suite's environment and install this checkout's metadata into it.
+
+    The checkout is installed editable without dependencies, which registers the console scripts
+    and entry points; the tests import the code of the checkout that runs them through
+    ``PYTHONPATH`` (see :func:`suite_env`), so several checkouts can share one cached environment.
+    """
+    req = TESTS / suite / "requirements.txt"
+    if not req.is_file():
+        raise SystemExit(f"suite {suite!r} has no {req.relative_to(ROOT)}")
+    venv = CACHE / env_key(suite)
+    py = venv / "bin" / "python"
+    done = venv / ".complete"
+    with _locked(CACHE / f".{venv.name}.lock"):
+        if not done.is_file():
+            if venv.exists():
+                log(f"{suite}: removing an unfinished environment {venv}")
+                shutil.rmtree(venv)
+            CACHE.mkdir(parents=True, exist_ok=True)
+            log(f"{suite}: creating {venv} (first run; later runs reuse it)")
+            t0 = time.time()
+            subprocess.run([suite_python(suite), "-m", "venv", str(venv)], check=True)
+            pip = [str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+            subprocess.run(pip + ["-r", str(req)], check=True)
+            extra = TESTS / suite / "setup_env.sh"
+            if extra.is_file():
+                subprocess.run(["bash", str(extra), str(py)], check=True)
+            # written last: an interrupted build is detected and redone on the next run
+            done.write_text(time.strftime("%Y-%m-%d %H:%M:%S\n"))
+            log(f"{suite}: environment ready in {time.time() - t0:.0f}s")
+        stamp = venv / ".installed-from"
+        want = f"{ROOT}\n{hashlib.sha256((ROOT / 'pyproject.toml').read_bytes()).hexdigest()}\n"
+        if not stamp.is_file() or stamp.read_text() != want:
+            subprocess.run(
+                [str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-deps",
+                 "--no-build-isolation", "-e", str(ROOT)],
+                check=True,
+            )
+            stamp.write_text(want)
+    return venv
+
+
+def suite_env(suite: str, venv: Path) -> dict[str, str]:
+    """The environment a suite's processes run with.
+
+    ``PYTHONPATH`` puts this checkout first; ``APERTUS_PYTHON_<SUITE>`` names the interpreter of
+    each environment the suite needs (``tests/<suite>/needs.txt``), for tests that start a
+    process in another environment (a vLLM server, the reference port); ``APERTUS_EXCHANGE`` is a
+    folder shared by the suites of one run.
+    """
+    env = dict(os.environ, APERTUS_SUITE=suite, PYTHONDONTWRITEBYTECODE="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env["PATH"] = os.pathsep.join([str(venv / "bin"), os.environ.get("PATH", "")])
+    env["VIRTUAL_ENV"] = str(venv)
+    # Ray 2.60 turns token authentication on for a `ray start` cluster once ~/.ray/auth_token exists (any
+    # earlier local ray.init() writes it), and its own `ray status` then cannot connect; the test clusters
+    # live on loopback, without it
+    env.setdefault("RAY_AUTH_MODE", "disabled")
+    # the suites never reach a model hub: a Hub id is read from the Hugging Face cache only (there is
+    # no network here, and a test that named a missing path that looks like ORG/NAME must not try one)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("APERTUS_EXCHANGE", str(Path(tempfile.gettempdir()) / f"apertus-exchange-{os.getpid()}"))
+    Path(env["APERTUS_EXCHANGE"]).mkdir(parents=True, exist_ok=True)
+    env[f"APERTUS_PYTHON_{suite.upper().replace('-', '_')}"] = str(venv / "bin" / "python")
+    for other in needed_suites(suite):
+        env[f"APERTUS_PYTHON_{other.upper().replace('-', '_')}"] = str(build_env(other) / "bin" / "python")
+    return env
