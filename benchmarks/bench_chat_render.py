@@ -1,7 +1,7 @@
 """The cost of injection-safe chat rendering in vLLM: the plugin's renderer next to vLLM's stock one.
 
 Run in the vllm environment (``python3 tools/dev.py run vllm python benchmarks/bench_chat_render.py``).
-In one process, on one tiny checkpoint (``apertus_plugins.checkpoint.write_checkpoint``) with the
+In one process, on one tiny checkpoint (``apertus_plugins.testing.checkpoint.write_checkpoint``) with the
 full-size Apertus 1.5 test tokenizer (266,440 entries, ``apertus make-tokenizer --full``), two
 vLLM renderers are built from the same engine configuration: tokenizer mode ``hf`` (vLLM's stock
 path: the template rendered and tokenized whole) and ``apertus`` (``vllm_model.renderer``: the
@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def requests(tools_n: int) -> dict[str, tuple[list, dict]]:
-    data = ROOT / "apertus_plugins" / "data"
+    data = ROOT / "apertus_plugins" / "assets"
     image = {"type": "image_url", "image_url": {
         "url": "data:image/png;base64," + base64.b64encode((data / "demo.png").read_bytes()).decode()}}
     tools = [{"type": "function", "function": {
@@ -80,9 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     from vllm.renderers.params import ChatParams
     from vllm.renderers.registry import renderer_from_config
 
-    from apertus_plugins.checkpoint import write_checkpoint
-    from apertus_plugins.tokenizer_builder import build_test_tokenizer
-    from apertus_plugins.vocab import default_spec
+    from apertus_plugins.core.vocab import default_spec
+    from apertus_plugins.testing.checkpoint import write_checkpoint
+    from apertus_plugins.testing.tokenizer_builder import build_test_tokenizer
 
     with tempfile.TemporaryDirectory(prefix="bench-render-") as tmp:
         ckpt = write_checkpoint(Path(tmp) / "ckpt", size="tiny")

@@ -64,9 +64,9 @@ def _measure(fn) -> tuple[float, object]:
 def memory_worker(mode: str, width: int, size: int, seed: int) -> dict:
     import torch
 
+    from apertus_plugins.core.media import image
     from apertus_plugins.encoders import VisionTokenizer, VisionTokenizerConfig, select_codes_by_dot_product
-    from apertus_plugins.encoders.random_weights import init_random_weights
-    from apertus_plugins.media import image
+    from apertus_plugins.testing.random_weights import init_random_weights
 
     torch.set_grad_enabled(False)
     cfg = VisionTokenizerConfig(base_channels=width)
@@ -122,9 +122,9 @@ def bench_vision(width: int, repeat: int, seed: int) -> list[dict]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "reference"))
     from _encoder_oracles import port_image_codes, port_vision
 
+    from apertus_plugins.core.media import image
     from apertus_plugins.encoders import VisionTokenizer, VisionTokenizerConfig, encode_images
-    from apertus_plugins.encoders.random_weights import init_random_weights
-    from apertus_plugins.media import image
+    from apertus_plugins.testing.random_weights import init_random_weights
 
     tok = VisionTokenizer(VisionTokenizerConfig(base_channels=width))
     init_random_weights(tok, seed)
@@ -155,9 +155,9 @@ def bench_audio(repeat: int, seed: int) -> list[dict]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "reference"))
     from _encoder_oracles import port_audio, port_audio_codes
 
+    from apertus_plugins.core.media import audio
     from apertus_plugins.encoders import AudioTokenizer, AudioTokenizerConfig, encode_audio
-    from apertus_plugins.encoders.random_weights import init_random_weights
-    from apertus_plugins.media import audio
+    from apertus_plugins.testing.random_weights import init_random_weights
 
     tok = AudioTokenizer(AudioTokenizerConfig())
     init_random_weights(tok, seed)

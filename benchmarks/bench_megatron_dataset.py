@@ -31,10 +31,10 @@ def main() -> None:
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
     from megatron.core.tokenizers import MegatronTokenizer
 
-    from apertus_plugins.chat import ChatTokenizer
-    from apertus_plugins.indexed import IndexedDatasetWriter
-    from apertus_plugins.tokenizer_builder import SAMPLE_CORPUS, build_test_tokenizer
-    from apertus_plugins.vocab import VocabSpec
+    from apertus_plugins.core.chat import ChatTokenizer
+    from apertus_plugins.core.vocab import VocabSpec
+    from apertus_plugins.data.indexed import IndexedDatasetWriter
+    from apertus_plugins.testing.tokenizer_builder import SAMPLE_CORPUS, build_test_tokenizer
     from megatron_patches.arguments import add_apertus_args, options_from_args
     from megatron_patches.checkpoint import single_process_group
     from megatron_patches.dataset import ApertusDatasetConfig, build_datasets

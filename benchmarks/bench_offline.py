@@ -64,10 +64,10 @@ def make_inputs(root: Path, images: int, clips: int) -> None:
 
 
 def bench_plan(root: Path) -> None:
-    from apertus_plugins.media.audio import load_audio, preprocess_audio
-    from apertus_plugins.media.image import preprocess_image
-    from apertus_plugins.offline.plan import make_batches
-    from apertus_plugins.offline.sources import Item, MediaRef, scan_pretrain
+    from apertus_plugins.core.media.audio import load_audio, preprocess_audio
+    from apertus_plugins.core.media.image import preprocess_image
+    from apertus_plugins.data.offline.plan import make_batches
+    from apertus_plugins.data.offline.sources import Item, MediaRef, scan_pretrain
 
     t = time.perf_counter()
     items, _skips, _ = scan_pretrain([str(root)], "released", "released")
@@ -105,8 +105,8 @@ BARE = """
 import sys
 from pathlib import Path
 from apertus_plugins.encoders import encode_audio, encode_images, load_audio_tokenizer, load_vision_tokenizer
-from apertus_plugins.media.audio import load_audio, preprocess_audio
-from apertus_plugins.media.image import preprocess_image
+from apertus_plugins.core.media.audio import load_audio, preprocess_audio
+from apertus_plugins.core.media.image import preprocess_image
 root, ckpt = Path(sys.argv[1]), sys.argv[2]
 vision, audio = load_vision_tokenizer(ckpt), load_audio_tokenizer(ckpt)
 files = sorted((root / "img").iterdir()) + sorted((root / "aud").iterdir())
@@ -168,7 +168,7 @@ def main() -> None:
     ap.add_argument("--clips", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=2, help="rounds of the pipeline runs; the best is printed")
     args = ap.parse_args()
-    from apertus_plugins.checkpoint import write_checkpoint
+    from apertus_plugins.testing.checkpoint import write_checkpoint
 
     with tempfile.TemporaryDirectory(prefix="bench-offline-") as tmp:
         root = Path(tmp)

@@ -142,9 +142,9 @@ def slow_checkpoint(out: Path) -> Path:
     """The tiny random checkpoint with a wider vision encoder (two residual blocks per stage)."""
     from dataclasses import replace
 
-    from apertus_plugins.checkpoint import write_checkpoint
+    from apertus_plugins.core.vocab import VocabSpec
     from apertus_plugins.encoders.config import VisionTokenizerConfig
-    from apertus_plugins.vocab import VocabSpec
+    from apertus_plugins.testing.checkpoint import write_checkpoint
 
     spec = VocabSpec.scaled()
     vision = replace(VisionTokenizerConfig.tiny(), num_res_blocks=2, codebook_size=spec.modality("image").size)
@@ -247,7 +247,7 @@ def decode_rate() -> float:
     """Decode + resize items/s of a 512x512 JPEG on one core of this machine."""
     from PIL import Image
 
-    from apertus_plugins.media.image import preprocess_image
+    from apertus_plugins.core.media.image import preprocess_image
 
     rng = np.random.default_rng(2)
     buf = io.BytesIO()
@@ -266,9 +266,9 @@ def decode_rate() -> float:
 
 
 def estimate(measured: float, plan_rate: float, decode: float) -> None:
+    from apertus_plugins.core.media.image import LAYOUTS, resized_size
     from apertus_plugins.encoders.config import VisionTokenizerConfig
     from apertus_plugins.encoders.flops import vision_flops
-    from apertus_plugins.media.image import LAYOUTS, resized_size
 
     h, w = resized_size(512, 512)
     f = vision_flops(VisionTokenizerConfig(), h, w)
@@ -295,7 +295,7 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=64, help="images of the end-to-end runs")
     ap.add_argument("--skip-planning", action="store_true")
     args = ap.parse_args()
-    from apertus_plugins.checkpoint import write_checkpoint
+    from apertus_plugins.testing.checkpoint import write_checkpoint
 
     sizes = [int(x) for x in args.plan_items.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-ray-") as tmp:

@@ -2,7 +2,7 @@
 
 Both compute forward + backward from final hidden states and an LM head with the real Apertus
 text vocabulary (131,072 output rows). The efficient path is
-:func:`apertus_plugins.losses.topk_tail_reverse_kl_from_hidden` (logits built and rebuilt
+:func:`apertus_plugins.core.losses.topk_tail_reverse_kl_from_hidden` (logits built and rebuilt
 chunk by chunk, never whole); the naive path materializes the full student and teacher logits,
 log-softmaxes both and sums ``q (log q - log r)`` over the vocabulary.
 
@@ -26,7 +26,7 @@ import sys
 CHILD = r"""
 import json, resource, sys, time
 import torch
-from apertus_plugins.losses import topk_tail_reverse_kl_from_hidden
+from apertus_plugins.core.losses import topk_tail_reverse_kl_from_hidden
 mode, n, h, v, k, chunk, device = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), sys.argv[7]
 torch.manual_seed(0)
 hs = torch.randn(n, h, device=device, requires_grad=True)

@@ -27,11 +27,11 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
-from apertus_plugins.goldfish import goldfish_drop, goldfish_table  # noqa: E402
-from apertus_plugins.indexed import IndexedDataset, IndexedDatasetWriter  # noqa: E402
-from apertus_plugins.packing import best_fit_decreasing  # noqa: E402
-from apertus_plugins.targets import sft_mask  # noqa: E402
-from apertus_plugins.vocab import VocabSpec, default_spec  # noqa: E402
+from apertus_plugins.core.goldfish import goldfish_drop, goldfish_table  # noqa: E402
+from apertus_plugins.core.packing import best_fit_decreasing  # noqa: E402
+from apertus_plugins.core.targets import sft_mask  # noqa: E402
+from apertus_plugins.core.vocab import VocabSpec, default_spec  # noqa: E402
+from apertus_plugins.data.indexed import IndexedDataset, IndexedDatasetWriter  # noqa: E402
 
 
 def best_of(fn: Callable[[], object], repeat: int = 20) -> float:

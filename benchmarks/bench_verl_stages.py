@@ -94,8 +94,8 @@ def main() -> int:
     ap.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
     args = ap.parse_args()
 
-    from apertus_plugins.checkpoint import read_checkpoint_config, write_checkpoint
-    from apertus_plugins.serve import CPU_ARGS, VLLMServer
+    from apertus_plugins.testing.checkpoint import read_checkpoint_config, write_checkpoint
+    from apertus_plugins.testing.serve import CPU_ARGS, VLLMServer
 
     root = Path(tempfile.mkdtemp(prefix="bench-verl-"))
     ckpt = write_checkpoint(root / "apertus-tiny", size="tiny", init="varied")

@@ -1,7 +1,7 @@
 """Apertus 1.5 in vLLM: decode throughput against vLLM's built-in Apertus, and the tokenizer's share.
 
 Run in the vllm environment (``python3 tools/dev.py run vllm python benchmarks/bench_vllm.py``).
-In one run, on the same small random weights (``apertus_plugins.checkpoint.write_checkpoint``):
+In one run, on the same small random weights (``apertus_plugins.testing.checkpoint.write_checkpoint``):
 
 1. Decode throughput of ``Apertus1p5ForConditionalGeneration`` (this plugin) and of vLLM's built-in
    ``ApertusForCausalLM``, and their ratio (target: at least 0.95). Both engines live side by side
@@ -107,8 +107,8 @@ def random_png(seed: int, side: int = 512) -> str:
 def image_request_shares(model_dir: Path, dtype: str, codes_log: Path, requests: int,
                          max_tokens: int) -> list[tuple[float, float]]:
     """(request latency, seconds in the vision tokenizer) for ``requests`` requests, each with a new 512x512 image."""
-    from apertus_plugins.client import http_json
-    from apertus_plugins.serve import CPU_ARGS, VLLMServer
+    from apertus_plugins.infra.client import http_json
+    from apertus_plugins.testing.serve import CPU_ARGS, VLLMServer
 
     out = []
     args = [*CPU_ARGS, "--dtype", dtype, "--served-model-name", "apertus"]
@@ -145,7 +145,7 @@ def main() -> int:
     p.add_argument("--checkpoint", help="an Apertus 1.5 checkpoint directory (default: a small random one)")
     args = p.parse_args()
 
-    from apertus_plugins.checkpoint import SIZES, write_checkpoint
+    from apertus_plugins.testing.checkpoint import SIZES, write_checkpoint
 
     tmp = Path(tempfile.mkdtemp(prefix="apertus-bench-"))
     try:

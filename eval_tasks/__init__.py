@@ -9,20 +9,20 @@
 - :mod:`eval_tasks.data`: where each task finds its local data, with clear errors.
 
 The protocol facts (thinking stripping, answer extraction, the degeneration metric, call
-scoring) live in :mod:`apertus_plugins.evaluation`; this package only plugs them in.
+scoring) live in :mod:`apertus_plugins.posttrain.evaluation`; this package only plugs them in.
 """
 
 from __future__ import annotations
 
 from importlib import metadata
 
-from apertus_plugins.versions import SUPPORTED as VERSIONS
-from apertus_plugins.versions import UnsupportedVersionError
-from apertus_plugins.versions import require as check
+from apertus_plugins.infra.versions import SUPPORTED as VERSIONS
+from apertus_plugins.infra.versions import UnsupportedVersionError
+from apertus_plugins.infra.versions import require as check
 
 __all__ = ["SUPPORTED", "require"]
 
-#: The harnesses and their distributions; the supported ranges are :data:`apertus_plugins.versions.SUPPORTED`'s.
+#: The harnesses and their distributions; the supported ranges are :data:`apertus_plugins.infra.versions.SUPPORTED`'s.
 SUPPORTED: dict[str, str] = {"lm_eval": VERSIONS["lm-eval"].specifier, "lmms_eval": VERSIONS["lmms-eval"].specifier}
 _DIST = {"lm_eval": "lm-eval", "lmms_eval": "lmms-eval"}
 

@@ -7,10 +7,10 @@ A chat model of lmms-eval 0.7 (``is_simple = False``), registered through the ``
 entry point (:mod:`eval_tasks.lmms_registry`): each request carries the task's messages
 (``doc_to_messages``: images and audio clips before the task's text, as lmms-eval's chat tasks
 build them) and becomes one chat completion through the package's HTTP client
-(:mod:`apertus_plugins.client`: its retry policy, the API key). Images go as PNG data URLs, audio
+(:mod:`apertus_plugins.infra.client`: its retry policy, the API key). Images go as PNG data URLs, audio
 clips resampled to 24 kHz mono as WAV; the thinking flag through ``chat_template_kwargs``; special
 tokens kept in the output (``skip_special_tokens=False``) so the thinking span can be stripped
-(both surface forms, :func:`apertus_plugins.evaluation.strip_thinking`) before the task scores the
+(both surface forms, :func:`apertus_plugins.posttrain.evaluation.strip_thinking`) before the task scores the
 answer; the task's stop strings plus the Apertus turn, sequence and tool-call stops; the task's
 output cap (``max_new_tokens``) unless ``max_new_tokens`` is given here; with thinking on, the
 protocol's thinking budget (32,768 tokens at temperature 0.6 and top-p 0.95, SPEC.md 7) instead of the
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from apertus_plugins.evaluation import (
+from apertus_plugins.posttrain.evaluation import (
     AUDIO_SAMPLE_RATE,
     DEFAULT_DECODING,
     THINKING_DECODING,
@@ -45,7 +45,7 @@ require("lmms_eval")
 from lmms_eval.api.instance import Instance  # noqa: E402
 from lmms_eval.api.model import lmms  # noqa: E402
 
-from apertus_plugins.client import Client, ClientError, RetryPolicy, Unreachable  # noqa: E402
+from apertus_plugins.infra.client import Client, ClientError, RetryPolicy, Unreachable  # noqa: E402
 
 __all__ = ["PASSTHROUGH", "Apertus", "ServerUnreachable", "audio_part", "image_part", "openai_messages"]
 #: Sampling parameters of vLLM's OpenAI-compatible server that a task's ``generation_kwargs`` may
@@ -77,7 +77,7 @@ def image_part(image: Any) -> dict[str, Any]:
 def _waveform(clip: Any) -> tuple[Any, int]:
     import numpy as np
 
-    from apertus_plugins.media.audio import load_audio
+    from apertus_plugins.core.media.audio import load_audio
 
     if isinstance(clip, dict) and clip.get("array") is not None:
         wave = np.asarray(clip["array"], dtype=np.float32)
@@ -98,7 +98,7 @@ def audio_part(clip: Any) -> dict[str, Any]:
     """An OpenAI ``input_audio`` part: the clip downmixed and resampled to 24 kHz, as float WAV."""
     import soundfile as sf
 
-    from apertus_plugins.media.audio import preprocess_audio
+    from apertus_plugins.core.media.audio import preprocess_audio
 
     wave, rate = _waveform(clip)
     wave = preprocess_audio(wave, rate)

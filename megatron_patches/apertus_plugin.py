@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Mapping
 
-from apertus_plugins.hooks import hookimpl
+from apertus_plugins.plugins.hooks import hookimpl
 
 
 @hookimpl

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from apertus_plugins.goldfish import VARIANTS
-from apertus_plugins.targets import Schedule, TargetConfig
-from apertus_plugins.vocab import VocabSpec, default_spec
+from apertus_plugins.core.goldfish import VARIANTS
+from apertus_plugins.core.targets import Schedule, TargetConfig
+from apertus_plugins.core.vocab import VocabSpec, default_spec
 
 from .errors import ApertusArgumentError
 

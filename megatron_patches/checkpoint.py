@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from megatron_patches.version import require_supported
+from .version import require_supported
 
 require_supported()
 
@@ -37,9 +37,9 @@ import torch  # noqa: E402
 from megatron.core import dist_checkpointing, parallel_state  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
-from apertus_plugins.convert import ConversionError, ConvertedWeights, ModelShape, replace_dir  # noqa: E402
-from apertus_plugins.release import ROPE_TYPE  # noqa: E402
+from apertus_plugins.core.release import ROPE_TYPE  # noqa: E402
 
+from .convert import ConversionError, ConvertedWeights, ModelShape, replace_dir  # noqa: E402
 from .spec import apertus_layer_spec, build_gpt_model, local_to_checkpoint_name  # noqa: E402
 
 __all__ = ["TRACKER", "RELEASE", "SIDE_DIR", "single_process_group", "build_cpu_model", "save_megatron",

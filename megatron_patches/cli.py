@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from apertus_plugins.release import ROPE_TYPE
+from apertus_plugins.core.release import ROPE_TYPE
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -50,8 +50,9 @@ def _reference(path: Path) -> tuple[dict, dict, dict]:
     """(config, passthrough tensors, side files) from a converted Megatron directory or a released checkpoint."""
     from safetensors.torch import load_file
 
-    from apertus_plugins.convert import PASSTHROUGH_PREFIXES, ConversionError, read_hf_checkpoint
-    from apertus_plugins.hub import local_path
+    from apertus_plugins.infra.hub import local_path
+
+    from .convert import PASSTHROUGH_PREFIXES, ConversionError, read_hf_checkpoint
 
     path = local_path(path, weights=True, what="--reference")  # a directory, or a Hub id ORG/NAME[@REVISION]
     side_dir = path / "apertus"
@@ -69,7 +70,7 @@ def _reference(path: Path) -> tuple[dict, dict, dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from apertus_plugins.convert import (
+    from .convert import (
         ConversionError,
         ModelShape,
         hf_config_from_shape,

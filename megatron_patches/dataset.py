@@ -4,12 +4,12 @@
 
 * pretraining (the default): samples exactly as ``GPTDataset`` cuts them (document, sample and
   shuffle indices, cached as upstream), with the loss targets of the core
-  (:func:`apertus_plugins.targets.pretraining_targets`: excluded ids, the end-of-document rule,
+  (:func:`apertus_plugins.core.targets.pretraining_targets`: excluded ids, the end-of-document rule,
   Goldfish) and position ids that restart at every end-of-document token;
 * SFT (prefixes named by ``--apertus-sft-data``): one tokenized conversation per sequence, packed
-  best-fit-decreasing (:func:`apertus_plugins.packing.best_fit_decreasing`) into samples of
+  best-fit-decreasing (:func:`apertus_plugins.core.packing.best_fit_decreasing`) into samples of
   ``seq_length + 1`` tokens with cross-document masking, the loss mask derived on the fly from the
-  ids (:func:`apertus_plugins.targets.sft_mask`) or read from a stored mask stream;
+  ids (:func:`apertus_plugins.core.targets.sft_mask`) or read from a stored mask stream;
 * packed pretraining (prefixes named by ``--apertus-bfd-data``, the long-context stages): whole
   documents packed best-fit-decreasing the same way (a document longer than a sample is split
   into pieces), each with the pretraining targets of the core.
@@ -30,7 +30,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
-from megatron_patches.version import require_supported
+from .version import require_supported
 
 require_supported()
 
@@ -41,9 +41,9 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset as MegatronInd
 from megatron.core.datasets.megatron_dataset import MegatronDataset  # noqa: E402
 from megatron.core.datasets.utils import Split  # noqa: E402
 
-from apertus_plugins.goldfish import goldfish_drop  # noqa: E402
-from apertus_plugins.packing import best_fit_decreasing, packed_layout, packed_layout_from_eod  # noqa: E402
-from apertus_plugins.targets import TargetConfig, pretraining_targets, sft_mask, sft_mask_from_stored  # noqa: E402
+from apertus_plugins.core.goldfish import goldfish_drop  # noqa: E402
+from apertus_plugins.core.packing import best_fit_decreasing, packed_layout, packed_layout_from_eod  # noqa: E402
+from apertus_plugins.core.targets import TargetConfig, pretraining_targets, sft_mask, sft_mask_from_stored  # noqa: E402
 
 from .arguments import ApertusOptions  # noqa: E402
 from .errors import SftPackingError  # noqa: E402

@@ -322,6 +322,6 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     # `python -m megatron_patches.launcher`: run the package's own module, so that the script sees the
     # plugin state (`megatron_patches.launcher.active()`) of the module it imports
-    from megatron_patches.launcher import main as _main
+    from .launcher import main as _main
 
     sys.exit(_main())

@@ -23,15 +23,14 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-from megatron_patches.version import require_supported
+from .version import require_supported
 
 require_supported()
 
 import megatron.core.optimizer as _mcore_optimizer  # noqa: E402
 import torch  # noqa: E402
 
-from apertus_plugins.optim.ademamix import AdEMAMix  # noqa: E402
-
+from .ademamix import AdEMAMix  # noqa: E402
 from .arguments import ApertusOptions  # noqa: E402
 
 __all__ = ["MegatronAdEMAMix", "ademamix_init_state_fn", "apply_weight_decay_rule", "adam_replaced_by_ademamix",

@@ -12,7 +12,7 @@ start.
 Shipped recipes (``apertus-megatron --recipes`` lists them):
 
 * ``cpt-8b``, ``cpt-70b``: continued pretraining with AdEMAMix (the core's
-  :data:`apertus_plugins.optim.ademamix.RECIPE`: betas, alpha, warmups, weight decay 0.1 on every
+  :data:`megatron_patches.ademamix.RECIPE`: betas, alpha, warmups, weight decay 0.1 on every
   parameter, norm gains and xIELU scalars included), gradient clipping 0.1, a WSD schedule with a
   1-sqrt decay to 10 % of the peak (warm-up of 4.2B tokens, as samples of the run's
   ``--seq-length``); 8B: peak 1.1e-4, sequence 8,192, global batch 1,024, TP 2; 70B: peak 2e-5,
@@ -39,10 +39,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from apertus_plugins.goldfish import goldfish_drop
-from apertus_plugins.optim.ademamix import RECIPE as ADEMAMIX
-from apertus_plugins.release import CONTEXT_LENGTH, ROPE_FACTOR, ROPE_THETA
+from apertus_plugins.core.goldfish import goldfish_drop
+from apertus_plugins.core.release import CONTEXT_LENGTH, ROPE_FACTOR, ROPE_THETA
 
+from .ademamix import RECIPE as ADEMAMIX
 from .errors import ApertusArgumentError
 
 __all__ = ["Recipe", "RECIPES", "WARMUP_TOKENS", "expand_recipes", "recipe_flags", "split_flags"]

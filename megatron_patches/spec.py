@@ -4,7 +4,7 @@ Pre-norm RMSNorm, QK-norm, no biases and a non-gated MLP ``linear_fc2(xIELU(line
 spec is megatron-core's own GPT layer spec (local or Transformer Engine) with the MLP swapped for
 :class:`ApertusMLP`, whose activation is a per-layer :class:`XIELU` module: ``alpha_p``/``alpha_n``
 are parameters of every layer (``decoder.layers.N.mlp.activation_func.alpha_{p,n}``), trained and,
-under the Apertus recipe, weight-decayed. The math is :mod:`apertus_plugins.xielu`.
+under the Apertus recipe, weight-decayed. The math is :mod:`apertus_plugins.core.xielu`.
 
 Build a model with :func:`build_gpt_model` (what the launcher's model provider calls); it passes
 ``--rope-scaling-factor`` to ``GPTModel``, which upstream's GPT builder does not.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from megatron_patches.version import require_supported
+from .version import require_supported
 
 require_supported()
 
@@ -28,7 +28,7 @@ from megatron.core.transformer.module import MegatronModule  # noqa: E402
 from megatron.core.transformer.spec_utils import ModuleSpec  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
-from apertus_plugins import xielu as _xielu  # noqa: E402
+from apertus_plugins.core import xielu as _xielu  # noqa: E402
 
 __all__ = ["XIELU", "ApertusMLP", "apertus_layer_spec", "check_apertus_config", "build_gpt_model",
            "local_to_checkpoint_name"]

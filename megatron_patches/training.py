@@ -36,16 +36,16 @@ from collections.abc import Iterable, Iterator, Sequence
 from functools import partial
 from typing import Any
 
-from megatron_patches.version import require_supported
+from .version import require_supported
 
 require_supported()
 
 import torch  # noqa: E402
 from megatron.core import parallel_state  # noqa: E402
 
-from apertus_plugins.indexed import IndexedDataset, IndexedDatasetError  # noqa: E402
-from apertus_plugins.manifest import read_manifest, verify_manifest  # noqa: E402
-from apertus_plugins.vocab import VocabSpec  # noqa: E402
+from apertus_plugins.core.vocab import VocabSpec  # noqa: E402
+from apertus_plugins.data.indexed import IndexedDataset, IndexedDatasetError  # noqa: E402
+from apertus_plugins.data.manifest import read_manifest, verify_manifest  # noqa: E402
 
 from .arguments import ApertusOptions, options_from_args  # noqa: E402
 from .errors import PreflightError  # noqa: E402

@@ -6,8 +6,8 @@ import importlib
 
 from packaging.version import Version
 
-from apertus_plugins.versions import SUPPORTED as VERSIONS
-from apertus_plugins.versions import UnsupportedVersionError, require
+from apertus_plugins.infra.versions import SUPPORTED as VERSIONS
+from apertus_plugins.infra.versions import UnsupportedVersionError, require
 
 __all__ = ["SUPPORTED", "SUPPORTED_RANGE", "MegatronVersionError", "megatron_core_version", "check_version",
            "require_supported"]

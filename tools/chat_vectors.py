@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from apertus_plugins.plugins import registry  # noqa: E402
-from apertus_plugins.tokenizer_builder import build_test_tokenizer  # noqa: E402
+from apertus_plugins.testing.tokenizer_builder import build_test_tokenizer  # noqa: E402
 
 DEFAULT_SYSTEM = ("<|system_start|>You are Apertus 1.5 Omni, a multimodal assistant developed by the Swiss AI "
                   "Initiative. Extended from Apertus 1 via continued pretraining, you understand images and "

@@ -7,7 +7,7 @@ import numpy as np
 import soundfile as sf
 from PIL import Image
 
-OUT = Path(__file__).resolve().parent.parent / "apertus_plugins" / "data"
+OUT = Path(__file__).resolve().parent.parent / "apertus_plugins" / "assets"
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ format (subclass it, override the rendering hook); verl picks its built-in build
 from a closed table, so the Apertus agent loop installs its own:
 
 * :class:`ApertusContinuousTokenBuilder` renders every prompt (and every appended turn of a multi-turn
-  rollout) with :meth:`apertus_plugins.chat.ChatTokenizer.encode_conversation`: the ids are the
+  rollout) with :meth:`apertus_plugins.core.chat.ChatTokenizer.encode_conversation`: the ids are the
   core's, byte for byte, whatever the text holds;
 * :class:`ApertusSingleTurnAgentLoop` is verl's single-turn agent loop with that builder, registered
   as ``apertus_single_turn`` (the packaged rollout configs select it with
@@ -29,7 +29,7 @@ from verl.experimental.agent_loop.agent_loop import register
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 from verl.utils.tokenizer.continuous_token import ContinuousTokenBuilder
 
-from apertus_plugins.chat import ChatTokenizer
+from apertus_plugins.core.chat import ChatTokenizer
 
 __all__ = ["ApertusContinuousTokenBuilder", "ApertusSingleTurnAgentLoop", "chat_tokenizer_for"]
 

@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from apertus_plugins.judges import Judge
-from apertus_plugins.losses import dpo_loss_from_tokens
+from apertus_plugins.core.losses import dpo_loss_from_tokens
+from apertus_plugins.posttrain.judges import Judge
 
 __all__ = [
     "PAIR_GROUP_SIZE",
@@ -230,7 +230,7 @@ def encode_pair(chat_tokenizer: Any, record: dict[str, Any], enable_thinking: bo
     The prompt is the conversation with the generation prompt; each response is the assistant turn
     the template appends to it (content, thinking delimiters if the text has a thinking span, and
     the end-of-turn token), i.e. the ids after the prompt in the rendering of the conversation with
-    that assistant message. ``chat_tokenizer`` is an :class:`apertus_plugins.chat.ChatTokenizer`.
+    that assistant message. ``chat_tokenizer`` is an :class:`apertus_plugins.core.chat.ChatTokenizer`.
     """
     messages = list(record["prompt"])
     prompt = [int(i) for i in chat_tokenizer.encode_conversation(messages, add_generation_prompt=True,

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import logging
 
-from apertus_plugins.versions import SUPPORTED as VERSIONS
-from apertus_plugins.versions import require
+from apertus_plugins.infra.versions import SUPPORTED as VERSIONS
+from apertus_plugins.infra.versions import require
 
 logger = logging.getLogger("verl_ext")
 

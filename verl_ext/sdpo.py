@@ -13,7 +13,7 @@ The per-step data flow (SPEC section 6)::
          token the top-64 + tail reverse KL                                 packed_token_kl()
       -> clipped token-level importance ratio, aggregation                  make_sdpo_loss_fn()
 
-Chat rendering comes from :mod:`apertus_plugins.chat`; the loss from :mod:`apertus_plugins.losses`.
+Chat rendering comes from :mod:`apertus_plugins.core.chat`; the loss from :mod:`apertus_plugins.core.losses`.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from apertus_plugins.judges import Judge, fill_template
-from apertus_plugins.losses import sdpo_loss, topk_tail_reverse_kl
+from apertus_plugins.core.losses import sdpo_loss, topk_tail_reverse_kl
+from apertus_plugins.posttrain.judges import Judge, fill_template
 
 __all__ = [
     "DEFAULT_TEACHER_TEMPLATE",
@@ -83,7 +83,7 @@ def build_teacher_prompts(chat_tokenizer: Any, raw_prompts: Sequence[Sequence[di
                           enable_thinking: bool = False) -> list[list[int]]:
     """Token ids of each teacher prompt (with the generation prompt), rendered by the core.
 
-    ``chat_tokenizer`` is an :class:`apertus_plugins.chat.ChatTokenizer`; thinking is disabled as
+    ``chat_tokenizer`` is an :class:`apertus_plugins.core.chat.ChatTokenizer`; thinking is disabled as
     in the SDPO stage.
     """
     if len(raw_prompts) != len(feedbacks):

@@ -37,7 +37,7 @@ from verl.utils.debug import marked_timer
 from verl.workers.engine_workers import ActorRolloutRefWorker
 from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry
 
-from apertus_plugins.chat import ChatTokenizer, visible_answer
+from apertus_plugins.core.chat import ChatTokenizer, visible_answer
 from apertus_plugins.plugins import make_judge
 
 from . import dpo, sdpo

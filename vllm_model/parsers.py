@@ -1,6 +1,6 @@
 """The ``apertus`` tool parser and ``apertus`` reasoning parser: thin vLLM wrappers over the core.
 
-The Apertus 1.5 output format (SPEC.md 3.5) is parsed by :func:`apertus_plugins.chat.parse_output`:
+The Apertus 1.5 output format (SPEC.md 3.5) is parsed by :func:`apertus_plugins.core.chat.parse_output`:
 the thinking span in both surface forms (``<|inner_prefix|>``/``<think>``,
 ``<|inner_suffix|>``/``</think>``), tool calls as one JSON array between ``<|tools_prefix|>`` and
 ``<|tools_suffix|>`` (parallel calls are its elements), calls inside the thinking span, and calls
@@ -31,9 +31,9 @@ from vllm.reasoning import ReasoningParser
 from vllm.renderers.chat_utils import make_tool_call_id
 from vllm.tool_parsers import ToolParser
 
-from apertus_plugins.chat import parse_output
-from apertus_plugins.chat.parse import CALL_CLOSE, CALL_OPEN, THINK_CLOSE, THINK_OPEN
-from apertus_plugins.vocab import CHAT_TOKENS, default_spec
+from apertus_plugins.core.chat import parse_output
+from apertus_plugins.core.chat.parse import CALL_CLOSE, CALL_OPEN, THINK_CLOSE, THINK_OPEN
+from apertus_plugins.core.vocab import CHAT_TOKENS, default_spec
 
 __all__ = ["ApertusReasoningParser", "ApertusToolParser", "is_apertus_1p5_tokenizer", "render_calls"]
 

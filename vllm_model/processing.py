@@ -39,11 +39,11 @@ from vllm.multimodal.processing import (
     PromptUpdateDetails,
 )
 
-from apertus_plugins.chat import ChatTokenizer
-from apertus_plugins.media import audio as media_audio
-from apertus_plugins.media import image as media_image
+from apertus_plugins.core.chat import ChatTokenizer
+from apertus_plugins.core.media import audio as media_audio
+from apertus_plugins.core.media import image as media_image
+from apertus_plugins.core.vocab import VocabSpec
 from apertus_plugins.plugins import registry, serving_layout
-from apertus_plugins.vocab import VocabSpec
 
 __all__ = ["Apertus1p5ProcessingInfo", "Apertus1p5DummyInputsBuilder", "Apertus1p5MultiModalProcessor",
            "DEFAULT_OPTIONS"]

@@ -5,7 +5,7 @@ whole string, so user text holding ``<|system_start|>``, ``<|assistant_end|>`` o
 turns into those special ids (a forged system block, a forged turn, a media slot). This renderer
 keeps vLLM's own request parsing (OpenAI content parts, media loading, tool-call arguments,
 ``chat_template_kwargs``) and replaces the template-and-tokenize step with
-:meth:`apertus_plugins.chat.ChatTokenizer.encode_conversation`: the template's structure tokens
+:meth:`apertus_plugins.core.chat.ChatTokenizer.encode_conversation`: the template's structure tokens
 become ids, every string of the request is encoded as plain text. The ids are exactly the core's
 for the same request; the prompt text vLLM reports is the rendered template string.
 
@@ -29,8 +29,8 @@ from vllm.renderers.chat_utils import parse_chat_messages, parse_chat_messages_a
 from vllm.renderers.hf import HfRenderer, resolve_chat_template
 from vllm.utils.async_utils import make_async
 
-from apertus_plugins.chat import ChatFormatError, ChatTokenizer
-from apertus_plugins.vocab import VocabSpec
+from apertus_plugins.core.chat import ChatFormatError, ChatTokenizer
+from apertus_plugins.core.vocab import VocabSpec
 
 __all__ = ["Apertus1p5Renderer"]
 

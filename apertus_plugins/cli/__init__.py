@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         mod.add_parser(sub)
-    from ..plugins import registry
+    from apertus_plugins.plugins import registry
 
     for name, add_parser in sorted(registry().commands.items()):
         if name in sub.choices:

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from ..chat.tokenize import ROLES
-from ..media.image import ImageLayoutError, image_layouts_in
-from ..vocab import VocabSpec
+from apertus_plugins.core.chat.tokenize import ROLES
+from apertus_plugins.core.media.image import ImageLayoutError, image_layouts_in
+from apertus_plugins.core.vocab import VocabSpec
 
 __all__ = ["VIEW_ROLES", "DocumentView", "MediaSpan", "Token", "document_view", "render_html", "render_text"]
 

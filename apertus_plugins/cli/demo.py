@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..vocab import VocabSpec
+from apertus_plugins.core.vocab import VocabSpec
 
 if TYPE_CHECKING:
-    from ..doctor import Report
+    from apertus_plugins.doctor import Report
 
 CONVERSATION = {
     "messages": [
@@ -55,8 +55,8 @@ def serve(checkpoint: str) -> int:
     """Start a vLLM server on ``checkpoint`` (plugin loaded by its entry point) and send one multimodal chat."""
     import base64
 
-    from ..client import http_json
-    from ..serve import CPU_ARGS, VLLMServer
+    from apertus_plugins.infra.client import http_json
+    from apertus_plugins.testing.serve import CPU_ARGS, VLLMServer
 
     image = "data:image/png;base64," + base64.b64encode(_media_path("demo.png").read_bytes()).decode()
     clip = base64.b64encode(_media_path("demo.wav").read_bytes()).decode()
@@ -82,7 +82,7 @@ def serve(checkpoint: str) -> int:
 
 def doctor_report(checkpoint: str, url: str | None = None) -> Report:
     """The demo's last step: ``apertus doctor CHECKPOINT --serve URL`` on the demo checkpoint and its server."""
-    from ..doctor import run_doctor
+    from apertus_plugins.doctor import run_doctor
 
     return run_doctor(checkpoint, serve=url, probe_tokens=64)
 
@@ -102,14 +102,14 @@ def print_doctor(report: Report) -> int:
 
 
 def _media_path(name: str) -> Path:
-    return Path(str(resources.files("apertus_plugins") / "data" / name))
+    return Path(str(resources.files("apertus_plugins") / "assets" / name))
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..chat import ChatTokenizer, MediaItem, render
-    from ..media import audio as audio_mod
-    from ..media import image as image_mod
-    from ..tokenizer_builder import build_test_tokenizer
+    from apertus_plugins.core.chat import ChatTokenizer, MediaItem, render
+    from apertus_plugins.core.media import audio as audio_mod
+    from apertus_plugins.core.media import image as image_mod
+    from apertus_plugins.testing.tokenizer_builder import build_test_tokenizer
 
     tmp = None
     if args.checkpoint and args.tokenizer:
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     clip = audio_mod.preprocess_audio(wave, rate)
     n_codes = audio_mod.audio_code_count(clip.shape[-1])
     if args.checkpoint:
-        from ..encoders import encode_audio, encode_images, load_media_tokenizers
+        from apertus_plugins.encoders import encode_audio, encode_images, load_media_tokenizers
 
         vision, audio = load_media_tokenizers(args.checkpoint)
         grid = encode_images(vision, [img])[0]

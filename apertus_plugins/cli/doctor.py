@@ -35,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..doctor import DoctorError, load_probe_prompts, run_doctor
+    from apertus_plugins.doctor import DoctorError, load_probe_prompts, run_doctor
 
     def progress(result) -> None:  # noqa: ANN001 - a Result
         if not args.json:

@@ -57,7 +57,7 @@ def sniff_modality(path: Path) -> str:
 
 
 def _prepare(path: Path, args: argparse.Namespace) -> tuple[str, Any]:
-    from ..media import audio, image
+    from apertus_plugins.core.media import audio, image
 
     modality = sniff_modality(path)
     if modality == "image":
@@ -69,7 +69,7 @@ def _prepare(path: Path, args: argparse.Namespace) -> tuple[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from ..encoders import encode_audio, encode_images, load_audio_tokenizer, load_vision_tokenizer
+    from apertus_plugins.encoders import encode_audio, encode_images, load_audio_tokenizer, load_vision_tokenizer
 
     prepared: list[tuple[str, Any] | Exception] = []
     for f in tqdm(args.files, desc="reading", unit="file", disable=len(args.files) < 16, file=sys.stderr):

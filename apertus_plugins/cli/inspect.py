@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..goldfish import VARIANTS, goldfish_drop
-from ..indexed import IndexedDataset
-from ..targets import sft_mask
-from ..vocab import VocabSpec, default_spec
+from apertus_plugins.core.goldfish import VARIANTS, goldfish_drop
+from apertus_plugins.core.targets import sft_mask
+from apertus_plugins.core.vocab import VocabSpec, default_spec
+from apertus_plugins.data.indexed import IndexedDataset
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from ._view import document_view, render_html, render_text
 
     if args.tokenizer:
-        from ..hub import local_path
+        from apertus_plugins.infra.hub import local_path
 
         args.tokenizer = str(local_path(args.tokenizer, weights=False, what="--tokenizer"))
     spec = VocabSpec.from_tokenizer_dir(args.tokenizer) if args.tokenizer else default_spec()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..checkpoint import INITS, SIZES
-from ..release import CONTEXT_LENGTH
+from apertus_plugins.core.release import CONTEXT_LENGTH
+from apertus_plugins.testing.checkpoint import INITS, SIZES
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -36,8 +36,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..checkpoint import write_checkpoint
-    from ..vocab import VocabSpec, default_spec
+    from apertus_plugins.core.vocab import VocabSpec, default_spec
+    from apertus_plugins.testing.checkpoint import write_checkpoint
 
     if args.full:
         spec = default_spec()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..tokenizer_builder import build_test_tokenizer
-from ..vocab import VocabSpec, default_spec
+from apertus_plugins.core.vocab import VocabSpec, default_spec
+from apertus_plugins.testing.tokenizer_builder import build_test_tokenizer
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

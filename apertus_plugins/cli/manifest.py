@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..manifest import verify_manifest, write_manifest
+from apertus_plugins.data.manifest import verify_manifest, write_manifest
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

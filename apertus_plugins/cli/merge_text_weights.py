@@ -21,7 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..hf.merge import merge_text_weights
+    from apertus_plugins.hf.merge import merge_text_weights
 
     out = merge_text_weights(args.trained, args.released, args.out)
     print(f"wrote {out}")

@@ -24,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..chat import ChatTokenizer, render
+    from apertus_plugins.core.chat import ChatTokenizer, render
 
     raw = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
     try:
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         if args.tokenizer:
             tok_dir = Path(args.tokenizer)
         else:
-            from ..tokenizer_builder import build_test_tokenizer
+            from apertus_plugins.testing.tokenizer_builder import build_test_tokenizer
 
             tok_dir = build_test_tokenizer(Path(tmp) / "tok", with_templates=False)
         chat = ChatTokenizer(tok_dir)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..offline.config import (
+from apertus_plugins.data.offline.config import (
     AUDIO_TASKS,
     CAPTIONS,
     IMAGE_LAYOUT_DEFAULT,
@@ -83,7 +83,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _size(text: str) -> int:
-    from ..checkpoint import parse_size
+    from apertus_plugins.testing.checkpoint import parse_size
 
     try:
         n = parse_size(text)
@@ -125,8 +125,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def resolve_inputs(tokenizer: str | None, checkpoint: str | None) -> tuple[str, str | None]:
     """Local directories for ``--tokenizer`` and ``--checkpoint`` (Hub ids resolved; the tokenizer
     defaults to the checkpoint's own)."""
-    from ..hub import local_path
-    from ..tensor_names import AUDIO_PREFIX, VISION_PREFIX
+    from apertus_plugins.core.tensor_names import AUDIO_PREFIX, VISION_PREFIX
+    from apertus_plugins.infra.hub import local_path
 
     if tokenizer is None and checkpoint is None:
         raise ValueError("give --tokenizer (a tokenizer directory or Hub id), or --checkpoint to use its tokenizer")
@@ -138,7 +138,7 @@ def resolve_inputs(tokenizer: str | None, checkpoint: str | None) -> tuple[str, 
 
 def layout_line(report: dict) -> str:
     """The image layout a run wrote next to the one a server uses (the last line ``tokenize`` prints)."""
-    from ..plugins import serving_layout
+    from apertus_plugins.plugins import serving_layout
 
     written, serving = report["image_layout"], serving_layout("image")
     images = int(report.get("media", {}).get("image", 0))
@@ -148,7 +148,7 @@ def layout_line(report: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..offline import TokenizeConfig, tokenize
+    from apertus_plugins.data.offline import TokenizeConfig, tokenize
 
     tokenizer, checkpoint = resolve_inputs(args.tokenizer, args.checkpoint)
     common = dict(

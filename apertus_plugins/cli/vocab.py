@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..vocab import VocabSpec
+from apertus_plugins.core.vocab import VocabSpec
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -19,7 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..hub import local_path
+    from apertus_plugins.infra.hub import local_path
 
     spec = VocabSpec.from_tokenizer_dir(local_path(args.dir, weights=False, what="tokenizer"),
                                         embedding_rows=args.embedding_rows)

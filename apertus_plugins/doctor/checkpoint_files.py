@@ -36,7 +36,7 @@ class CheckpointFiles:
     """The configs, tokenizer, chat templates and tensor shapes of a checkpoint directory."""
 
     def __init__(self, path: str | Path) -> None:
-        from ..hub import HubError, local_path
+        from apertus_plugins.infra.hub import HubError, local_path
 
         try:  # a Hub id (ORG/NAME[@REVISION]) is read from its snapshot in the Hugging Face cache
             self.path = local_path(path, weights=True, what="checkpoint")

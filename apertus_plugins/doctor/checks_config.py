@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..release import ROPE_FACTOR, ROPE_ORIGINAL_CONTEXT, ROPE_THETA, ROPE_TYPE, STOP_TOKENS, TERMINATOR
-from ..tensor_names import LM_HEAD
+from apertus_plugins.core.release import (
+    ROPE_FACTOR,
+    ROPE_ORIGINAL_CONTEXT,
+    ROPE_THETA,
+    ROPE_TYPE,
+    STOP_TOKENS,
+    TERMINATOR,
+)
+from apertus_plugins.core.tensor_names import LM_HEAD
+
 from .registry import Context, check
 from .report import FAIL, PASS, WARN
 

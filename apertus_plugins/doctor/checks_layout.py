@@ -13,7 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..media.image import dataset_image_layouts
+from apertus_plugins.core.media.image import dataset_image_layouts
+
 from .checkpoint_files import DoctorError
 from .registry import Context, check
 from .report import PASS, WARN
@@ -25,13 +26,13 @@ _SCAN_DOCUMENTS = 64
 
 def serving_default_layout() -> str:
     """The layout a server uses unless told otherwise (:func:`apertus_plugins.plugins.serving_layout`)."""
-    from ..plugins import serving_layout
+    from apertus_plugins.plugins import serving_layout
 
     return serving_layout("image")
 
 
 def _detect(prefix: str, spec: Any) -> str | None:
-    from ..indexed import IndexedDataset, IndexedDatasetError
+    from apertus_plugins.data.indexed import IndexedDataset, IndexedDatasetError
 
     try:
         ds = IndexedDataset(prefix)
@@ -48,7 +49,7 @@ def dataset_layouts(path: str | os.PathLike[str], spec: Any) -> list[dict[str, A
 
     ``layout`` is ``"inference"``, ``"training"``, ``"mixed"`` or ``None`` (no image found).
     """
-    from ..manifest import ManifestError, read_manifest
+    from apertus_plugins.data.manifest import ManifestError, read_manifest
 
     p = Path(path)
     if p.suffix == ".json" or (p.is_file() and not p.with_suffix(".idx").is_file()):

@@ -19,11 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from ..chat import MediaItem, injection_literals, parse_output
-from ..evaluation import degeneration
-from ..media import audio as media_audio
-from ..media import image as media_image
-from ..plugins import serving_layout
+from apertus_plugins.core.chat import MediaItem, injection_literals, parse_output
+from apertus_plugins.core.media import audio as media_audio
+from apertus_plugins.core.media import image as media_image
+from apertus_plugins.plugins import serving_layout
+from apertus_plugins.posttrain.evaluation import degeneration
+
 from .registry import Context, check, short
 from .report import FAIL, PASS
 from .serve_client import ServeClient, ServeError, assemble
@@ -51,7 +52,7 @@ def _server(ctx: Context) -> ServeClient:
 
 
 def _data(name: str) -> Path:
-    return Path(str(resources.files("apertus_plugins") / "data" / name))
+    return Path(str(resources.files("apertus_plugins") / "assets" / name))
 
 
 def _message(body: dict[str, Any]) -> dict[str, Any]:

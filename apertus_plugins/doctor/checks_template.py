@@ -1,7 +1,7 @@
 """Chat template checks (SPEC.md section 3): the rendering vectors, BOS, the training variant, injection.
 
 The checkpoint's templates are rendered as ``transformers`` renders them
-(:func:`apertus_plugins.chat.compile_template`, the messages as given, the tokenizer's special
+(:func:`apertus_plugins.core.chat.compile_template`, the messages as given, the tokenizer's special
 tokens). The rendering vectors are the package's copy of the shared vectors
 (``apertus_plugins/doctor/chat_render.json``, the inputs with the exact strings the 1.5 template
 renders for them).
@@ -14,7 +14,8 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from ..chat import ROLES, compile_template
+from apertus_plugins.core.chat import ROLES, compile_template
+
 from .registry import Context, check, short
 from .report import FAIL, PASS, WARN
 

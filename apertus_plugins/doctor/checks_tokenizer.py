@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..tensor_names import EMBEDDING
-from ..vocab import ALIASES, VocabError, VocabSpec
+from apertus_plugins.core.tensor_names import EMBEDDING
+from apertus_plugins.core.vocab import ALIASES, VocabError, VocabSpec
+
 from .checkpoint_files import DoctorError, token_literal
 from .registry import Context, check, short
 from .report import FAIL, PASS, WARN

@@ -13,7 +13,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from ..vocab import CODE_TOKEN_FORMATS, VocabSpec
+from apertus_plugins.core.vocab import CODE_TOKEN_FORMATS, VocabSpec
+
 from .checkpoint_files import CheckpointFiles
 
 __all__ = ["GROUPS", "Check", "CHECKS", "Context", "check", "reference_spec", "short"]
@@ -122,7 +123,7 @@ class Context:
     @cached_property
     def chat(self) -> Any:
         """The core's injection-safe chat tokenizer on the checkpoint's tokenizer and the reference layout."""
-        from ..chat import ChatTokenizer
+        from apertus_plugins.core.chat import ChatTokenizer
 
         return ChatTokenizer(self.ckpt.tokenizer, self.ref)
 

@@ -83,7 +83,7 @@ def run_doctor(checkpoint: str | os.PathLike[str], *, serve: str | None = None, 
         probe_tokens: the probe's ``max_tokens``.
         timeout: seconds per server request.
         progress: called with each :class:`Result` as it is ready.
-        api_key: the server's API key (default ``$OPENAI_API_KEY``; see :mod:`apertus_plugins.client`).
+        api_key: the server's API key (default ``$OPENAI_API_KEY``; see :mod:`apertus_plugins.infra.client`).
 
     Raises:
         DoctorError: a checkpoint that is not a directory, an unreachable server, an unknown check.

@@ -1,7 +1,7 @@
-"""The served model under test, through the package's one HTTP client (:mod:`apertus_plugins.client`).
+"""The served model under test, through the package's one HTTP client (:mod:`apertus_plugins.infra.client`).
 
 :class:`ServeClient` adds the doctor's request defaults (greedy, the prompt's token ids) to a
-:class:`~apertus_plugins.client.Client` and reports failures as :class:`ServeError`, which a
+:class:`~apertus_plugins.infra.client.Client` and reports failures as :class:`ServeError`, which a
 check turns into its ``FAIL`` line.
 """
 
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..client import Client, ClientError, Unreachable, assemble
+from apertus_plugins.infra.client import Client, ClientError, Unreachable, assemble
+
 from .checkpoint_files import DoctorError
 
 __all__ = ["ServeClient", "ServeError", "assemble"]

@@ -35,7 +35,6 @@ _LAZY = {
     "CheckpointError": "loaders", "FORMATS": "loaders", "detect_format": "loaders",
     "load_vision_tokenizer": "loaders", "load_audio_tokenizer": "loaders", "load_media_tokenizers": "loaders",
     "read_emu35_config": "loaders", "infer_wavtokenizer_config": "loaders",
-    "init_random_weights": "random_weights",
     "FlopCount": "flops", "vision_flops": "flops", "audio_flops": "flops",
 }
 
@@ -45,7 +44,7 @@ __all__ = [
     "select_codes_by_dot_product", "select_codes_by_distance", "SCORE_BUDGET_BYTES",
     "Precision", "PRECISIONS", "PrecisionError", "precision_scope",
     "CheckpointError", "FORMATS", "detect_format", "load_vision_tokenizer", "load_audio_tokenizer",
-    "load_media_tokenizers", "read_emu35_config", "infer_wavtokenizer_config", "init_random_weights",
+    "load_media_tokenizers", "read_emu35_config", "infer_wavtokenizer_config",
     "FlopCount", "vision_flops", "audio_flops",
 ]
 
@@ -64,7 +63,6 @@ if TYPE_CHECKING:
         read_emu35_config,
     )
     from .precision import PRECISIONS, Precision, PrecisionError, precision_scope
-    from .random_weights import init_random_weights
     from .vision import SCORE_BUDGET_BYTES, VisionTokenizer, select_codes_by_dot_product
 
 

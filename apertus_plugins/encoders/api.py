@@ -5,7 +5,7 @@ items of identical shape: images with the same post-resize size, clips with the 
 samples. :func:`group_by_shape` forms such batches; :func:`encode_images` and :func:`encode_audio`
 use it and return one result per item in input order. :func:`image_ids` and :func:`audio_ids` go
 from a file, a PIL image or a waveform to token ids through the core's own preprocessing and
-layouts (:mod:`apertus_plugins.media`).
+layouts (:mod:`apertus_plugins.core.media`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..media import audio as media_audio
-from ..media import image as media_image
-from ..media.image import ImageLayout, PreprocessedImage, ResizePolicy, TextIds
-from ..vocab import VocabSpec
+from apertus_plugins.core.media import audio as media_audio
+from apertus_plugins.core.media import image as media_image
+from apertus_plugins.core.media.image import ImageLayout, PreprocessedImage, ResizePolicy, TextIds
+from apertus_plugins.core.vocab import VocabSpec
+
 from .audio import AudioTokenizer
 from .vision import VisionTokenizer
 

@@ -219,7 +219,7 @@ class AudioTokenizer(nn.Module):
 
         Args:
             wave: float32 ``[B, T]``, ``[B, 1, T]`` or one ``[T]`` at 24 kHz, as
-                :func:`apertus_plugins.media.audio.preprocess_audio` returns it; a list of
+                :func:`apertus_plugins.core.media.audio.preprocess_audio` returns it; a list of
                 same-length clips is stacked. Clips of different lengths raise ``ValueError``.
 
         Returns:

@@ -7,7 +7,7 @@
   (``model_type`` ``apertus1p5_vision_tokenizer``, ``wavtokenizer_encoder`` or ``wavtokenizer``)
   loads too. Only the encoder's tensors are read (``safetensors.safe_open``). A Hub id
   (``ORG/NAME[@REVISION]``) names such a checkpoint in the Hugging Face cache; only the config,
-  the index and the shards holding the encoder's tensors are fetched (:mod:`apertus_plugins.hub`).
+  the index and the shards holding the encoder's tensors are fetched (:mod:`apertus_plugins.infra.hub`).
 - ``"emu3.5"``: the original Emu3.5 vision tokenizer files, ``config.yaml`` (the keyword arguments of
   the reference ``IBQ`` class: ``ddconfig`` with ``ch``, ``ch_mult``, ``num_res_blocks``,
   ``attn_resolutions``, ``in_channels``, ``resolution``, ``z_channels``, ``double_z: false``,
@@ -39,7 +39,8 @@ from typing import Any
 
 import torch
 
-from ..tensor_names import AUDIO_PREFIX, VISION_PREFIX
+from apertus_plugins.core.tensor_names import AUDIO_PREFIX, VISION_PREFIX
+
 from .audio import AudioTokenizer, AudioTokenizerConfig
 from .precision import check_precision
 from .vision import VisionTokenizer, VisionTokenizerConfig
@@ -61,7 +62,7 @@ class CheckpointError(ValueError):
 
 def _local(path: str | Path, prefixes: tuple[str, ...]) -> Path:
     """``path``, or the snapshot of the Hub id it names with the shards holding ``prefixes``."""
-    from ..hub import local_path, parse_hub_id
+    from apertus_plugins.infra.hub import local_path, parse_hub_id
 
     p = Path(path)
     if p.exists() or parse_hub_id(path) is None:
@@ -445,7 +446,7 @@ def load_vision_tokenizer(path: str | Path, *, format: str = "auto", device: str
     Raises:
         CheckpointError: missing, unexpected, wrongly shaped or non-float32 tensors (named, with the
         file), or an unreadable config.
-        HubError: a Hub id that cannot be resolved (see :func:`apertus_plugins.hub.local_path`).
+        HubError: a Hub id that cannot be resolved (see :func:`apertus_plugins.infra.hub.local_path`).
     """
     p = _local(path, (VISION_PREFIX,))
     fmt = detect_format(p) if format == "auto" else format

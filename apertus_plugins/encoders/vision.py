@@ -257,7 +257,7 @@ class VisionTokenizer(nn.Module):
 
         Args:
             pixels: float32 ``[B, 3, H, W]`` (or one ``[3, H, W]``) in [-1, 1], H and W multiples of
-                16, as :func:`apertus_plugins.media.image.preprocess_image` returns them; a list of
+                16, as :func:`apertus_plugins.core.media.image.preprocess_image` returns them; a list of
                 same-shape items is stacked. Items of different shapes raise ``ValueError``.
 
         Returns:
@@ -277,7 +277,7 @@ class VisionTokenizer(nn.Module):
                              f"got shape {list(x.shape)}")
         if x.shape[0] == 0 or x.shape[2] <= 0 or x.shape[3] <= 0 or x.shape[2] % f or x.shape[3] % f:
             raise ValueError(f"VisionTokenizer.encode: height and width must be positive multiples of {f}, got "
-                             f"{x.shape[2]}x{x.shape[3]} (preprocess with apertus_plugins.media.image.preprocess_image)")
+                             f"{x.shape[2]}x{x.shape[3]} (preprocess with apertus_plugins.core.media.image.preprocess_image)")
         if not x.is_floating_point():
             raise ValueError(f"VisionTokenizer.encode: pixels must be float32 in [-1, 1], got {x.dtype}")
         if x.dtype != torch.float32:
@@ -287,7 +287,7 @@ class VisionTokenizer(nn.Module):
         lo, hi = float(x.min()), float(x.max())
         if not (-1.001 <= lo and hi <= 1.001):
             raise ValueError(f"VisionTokenizer.encode: pixels must lie in [-1, 1], got [{lo:g}, {hi:g}] "
-                             "(preprocess with apertus_plugins.media.image.preprocess_image)")
+                             "(preprocess with apertus_plugins.core.media.image.preprocess_image)")
         with torch.inference_mode(), precision_scope(self.precision):
             z = self.latents(x)
             if not bool(torch.isfinite(z).all()):

@@ -18,9 +18,9 @@ from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
 
+from apertus_plugins.core.release import rope_parameters
+from apertus_plugins.core.vocab import default_spec
 from apertus_plugins.encoders.config import AudioTokenizerConfig, VisionTokenizerConfig
-from apertus_plugins.release import rope_parameters
-from apertus_plugins.vocab import default_spec
 
 #: The released layout: the defaults of the ids and sizes below come from the core's VocabSpec.
 _SPEC = default_spec()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..tensor_names import ENCODER_PREFIXES, is_text_tensor
+from apertus_plugins.core.tensor_names import ENCODER_PREFIXES, is_text_tensor
 
 __all__ = ["merge_text_weights", "tensor_files"]
 
@@ -45,13 +45,13 @@ def merge_text_weights(trained: Path, released: Path, out: Path) -> Path:
     ``trained`` must hold every text tensor of ``released`` (same names, same shapes); media tokenizer
     tensors in it are ignored (the released ones are kept); any other tensor is an error. ``out``
     must not exist; it appears only when complete (written beside it, then renamed). ``trained`` and
-    ``released`` may be Hub ids (``ORG/NAME[@REVISION]``, :mod:`apertus_plugins.hub`).
+    ``released`` may be Hub ids (``ORG/NAME[@REVISION]``, :mod:`apertus_plugins.infra.hub`).
     """
     import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from ..hub import local_path
+    from apertus_plugins.infra.hub import local_path
 
     trained = local_path(trained, weights=True, what="TRAINED")
     released = local_path(released, weights=True, what="RELEASED")

@@ -33,7 +33,8 @@ from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, Gene
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.models.apertus.modeling_apertus import ApertusModel
 
-from ..tensor_names import ENCODER_PREFIXES
+from apertus_plugins.core.tensor_names import ENCODER_PREFIXES
+
 from .configs import Apertus1p5Config
 from .configs import register as register_configs
 

@@ -111,9 +111,9 @@ def main() -> int:
         VisionTokenizer,
         VisionTokenizerConfig,
         audio_flops,
-        init_random_weights,
         vision_flops,
     )
+    from apertus_plugins.testing.random_weights import init_random_weights
 
     t_start = time.perf_counter()
     if args.cpu_test:

@@ -69,11 +69,11 @@ def write_data(out: Path) -> dict[str, Any]:
     """Tokenizer, a pretraining prefix, an SFT prefix and their manifest under ``out``."""
     import numpy as np
 
-    from apertus_plugins.chat import ChatTokenizer
-    from apertus_plugins.indexed import IndexedDatasetWriter, optimal_dtype
-    from apertus_plugins.manifest import write_manifest
-    from apertus_plugins.tokenizer_builder import SAMPLE_CORPUS, build_test_tokenizer
-    from apertus_plugins.vocab import VocabSpec
+    from apertus_plugins.core.chat import ChatTokenizer
+    from apertus_plugins.core.vocab import VocabSpec
+    from apertus_plugins.data.indexed import IndexedDatasetWriter, optimal_dtype
+    from apertus_plugins.data.manifest import write_manifest
+    from apertus_plugins.testing.tokenizer_builder import SAMPLE_CORPUS, build_test_tokenizer
 
     out.mkdir(parents=True, exist_ok=True)
     spec = VocabSpec.scaled()

@@ -8,8 +8,8 @@ One command, a few minutes on one CUDA GPU with a CUDA ``vllm`` of the supported
     python benchmarks/gpu/vllm_serve.py --url http://127.0.0.1:8000 --checkpoint DIR   # a server already up
 
 It writes a tiny random checkpoint in the released layout
-(:func:`apertus_plugins.checkpoint.write_checkpoint`, head dimension 64), starts the OpenAI server
-with the plugin (:class:`apertus_plugins.serve.VLLMServer`: both parsers, the tool choice on), and
+(:func:`apertus_plugins.testing.checkpoint.write_checkpoint`, head dimension 64), starts the OpenAI server
+with the plugin (:class:`apertus_plugins.testing.serve.VLLMServer`: both parsers, the tool choice on), and
 sends, each checked against the core:
 
 * ``text``: the prompt ids the server ran equal the core's encoding of the conversation (one BOS);
@@ -61,9 +61,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if (ROOT / "apertus_plugins").is_dir():
     sys.path.insert(0, str(ROOT))
 
-from apertus_plugins.client import Client as HTTPClient  # noqa: E402
-from apertus_plugins.client import http_json  # noqa: E402
-from apertus_plugins.serve import CPU_ARGS, VLLMServer  # noqa: E402
+from apertus_plugins.infra.client import Client as HTTPClient  # noqa: E402
+from apertus_plugins.infra.client import http_json  # noqa: E402
+from apertus_plugins.testing.serve import CPU_ARGS, VLLMServer  # noqa: E402
 
 MODEL = "apertus"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
@@ -98,7 +98,7 @@ class Client:
     """The OpenAI chat endpoint of one server, and the core's view of the same checkpoint."""
 
     def __init__(self, url: str, checkpoint: Path, model: str = MODEL, timeout: float = 600.0) -> None:
-        from apertus_plugins.chat import ChatTokenizer
+        from apertus_plugins.core.chat import ChatTokenizer
 
         self.url = url.rstrip("/").removesuffix("/v1")
         self.model = model
@@ -125,7 +125,7 @@ class Client:
 def _data() -> Path:
     import apertus_plugins
 
-    return Path(apertus_plugins.__file__).parent / "data"
+    return Path(apertus_plugins.__file__).parent / "assets"
 
 
 def _prompt_check(client: Client, body: dict, want: list[int]) -> dict:
@@ -149,8 +149,8 @@ def check_text(client: Client) -> dict:
 def check_image(client: Client) -> dict:
     from PIL import Image
 
-    from apertus_plugins.chat import MediaItem
-    from apertus_plugins.media import image as media_image
+    from apertus_plugins.core.chat import MediaItem
+    from apertus_plugins.core.media import image as media_image
 
     path = _data() / "demo.png"
     part = {"type": "image_url",
@@ -164,8 +164,8 @@ def check_image(client: Client) -> dict:
 
 
 def check_audio(client: Client) -> dict:
-    from apertus_plugins.chat import MediaItem
-    from apertus_plugins.media import audio as media_audio
+    from apertus_plugins.core.chat import MediaItem
+    from apertus_plugins.core.media import audio as media_audio
 
     path = _data() / "demo.wav"
     part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(path.read_bytes()).decode(),
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="apertus-vllm-serve-") as tmp:
         checkpoint = args.checkpoint
         if checkpoint is None:
-            from apertus_plugins.checkpoint import write_checkpoint
+            from apertus_plugins.testing.checkpoint import write_checkpoint
 
             checkpoint = write_checkpoint(Path(tmp) / "apertus-tiny", size="tiny", init="varied")
             log(f"checkpoint: {checkpoint} (tiny, head dimension 64)")

@@ -1,7 +1,7 @@
 """Shared pieces of the Apertus lm-eval tasks: prompts, scoring with the degeneration metric.
 
 Imported by the ``utils.py`` beside each task YAML; the protocol facts come from
-:mod:`apertus_plugins.evaluation`.
+:mod:`apertus_plugins.posttrain.evaluation`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import string
 from collections.abc import Sequence
 from typing import Any
 
-from apertus_plugins.evaluation import degeneration, extract_choice, strip_thinking
+from apertus_plugins.posttrain.evaluation import degeneration, extract_choice, strip_thinking
 
 from .. import require
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from apertus_plugins.tokenizer_builder import build_test_tokenizer
-from apertus_plugins.vocab import VocabSpec
+from apertus_plugins.core.vocab import VocabSpec
+from apertus_plugins.testing.tokenizer_builder import build_test_tokenizer
 
 
 @pytest.fixture(scope="session")

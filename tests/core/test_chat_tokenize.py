@@ -10,7 +10,8 @@ from _vectors import RENDERED, VECTORS, kwargs_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from apertus_plugins.chat import (
+from apertus_plugins.cli import main as cli_main
+from apertus_plugins.core.chat import (
     ChatFormatError,
     ChatTokenizer,
     MediaItem,
@@ -19,8 +20,7 @@ from apertus_plugins.chat import (
     parse_output,
     render,
 )
-from apertus_plugins.cli import main as cli_main
-from apertus_plugins.vocab import VocabSpec
+from apertus_plugins.core.vocab import VocabSpec
 
 
 @pytest.fixture(scope="module")
@@ -307,9 +307,9 @@ def test_cli_render_prints_exactly_the_shared_vectors(tmp_path, capsys):
     ("<think>t</think> A <|assistant_end|>after the turn</think>B", "A"),
 ])
 def test_reward_judge_and_evaluation_read_one_answer(text, answer):
-    from apertus_plugins.chat import visible_answer
-    from apertus_plugins.evaluation import split_thinking, strip_thinking
-    from apertus_plugins.rewards import extract_answer
+    from apertus_plugins.core.chat import visible_answer
+    from apertus_plugins.posttrain.evaluation import split_thinking, strip_thinking
+    from apertus_plugins.posttrain.rewards import extract_answer
 
     assert visible_answer(text) == answer
     assert strip_thinking(text) == answer and split_thinking(text)[1].strip() == answer
@@ -317,8 +317,8 @@ def test_reward_judge_and_evaluation_read_one_answer(text, answer):
 
 
 def test_the_answer_tool_is_read_on_the_answer_side_of_the_last_closer():
-    from apertus_plugins.chat import read_output
-    from apertus_plugins.rewards import extract_answer
+    from apertus_plugins.core.chat import read_output
+    from apertus_plugins.posttrain.rewards import extract_answer
 
     call = '<|tools_prefix|>[{"answer": {"answer": "%s"}}]<|tools_suffix|>'
     text = f"drafting {call % 'draft'}</think>{call % 'final'}"
@@ -329,7 +329,7 @@ def test_the_answer_tool_is_read_on_the_answer_side_of_the_last_closer():
 
 
 def test_serving_and_reading_agree_on_one_leading_span():
-    from apertus_plugins.chat import read_output
+    from apertus_plugins.core.chat import read_output
 
     for text in ("<think>a</think>b", "b", '<think>x<|tools_prefix|>[{"f": {}}]<|tools_suffix|>y</think>z'):
         served, read = parse_output(text), read_output(text)

@@ -9,10 +9,10 @@ import re
 import pytest
 from _vectors import CANONICAL, CANONICAL_DOC, REJECTED, RENDERED, VECTORS, kwargs_of
 
-from apertus_plugins.chat import ChatFormatError, jinja_template, render
-from apertus_plugins.chat.template import normalize_messages, reasoning_as_blocks
 from apertus_plugins.cli import main as cli_main
-from apertus_plugins.tokenizer_builder import build_test_tokenizer
+from apertus_plugins.core.chat import ChatFormatError, jinja_template, render
+from apertus_plugins.core.chat.template import normalize_messages, reasoning_as_blocks
+from apertus_plugins.testing.tokenizer_builder import build_test_tokenizer
 
 
 @pytest.fixture(scope="module")

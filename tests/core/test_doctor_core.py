@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from _vectors import PACKAGE_VECTORS_PATH, SHARED_VECTORS_PATH
 
-from apertus_plugins.chat import ChatTokenizer, jinja_template, render
-from apertus_plugins.checkpoint import SIZES, text_config_dict
+from apertus_plugins.core.chat import ChatTokenizer, jinja_template, render
+from apertus_plugins.core.vocab import VocabSpec
 from apertus_plugins.doctor import (
     CHECKS,
     FAIL,
@@ -29,8 +29,8 @@ from apertus_plugins.doctor import (
     select_checks,
 )
 from apertus_plugins.doctor.checks_template import rendering_vectors
-from apertus_plugins.tokenizer_builder import build_test_tokenizer
-from apertus_plugins.vocab import VocabSpec
+from apertus_plugins.testing.checkpoint import SIZES, text_config_dict
+from apertus_plugins.testing.tokenizer_builder import build_test_tokenizer
 
 TOKENIZER_CHECKS = {c.id for c in CHECKS if c.group in ("tokenizer", "template")}
 OFFLINE = {c.id for c in CHECKS if c.group not in ("compare", "serve")}
@@ -151,8 +151,8 @@ def test_a_config_that_is_not_json_is_named(stand_in):
 # ---------------------------------------------------------------------------------------------- layout
 
 def _dataset(prefix: Path, layout: str, tokenizer: Path) -> Path:
-    from apertus_plugins.indexed import IndexedDatasetWriter
-    from apertus_plugins.media.image import image_sequence, text_ids_from_tokenizer
+    from apertus_plugins.core.media.image import image_sequence, text_ids_from_tokenizer
+    from apertus_plugins.data.indexed import IndexedDatasetWriter
 
     spec, text_ids = VocabSpec.from_tokenizer_dir(tokenizer), text_ids_from_tokenizer(tokenizer)
     with IndexedDatasetWriter(prefix, dtype=np.int32) as w:

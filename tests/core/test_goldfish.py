@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from apertus_plugins.goldfish import (
+from apertus_plugins.core.goldfish import (
     TABLE_SEED,
     TABLE_SIZE,
     goldfish_drop,
@@ -17,7 +17,7 @@ from apertus_plugins.goldfish import (
     pack_table,
     unpack_table,
 )
-from apertus_plugins.vocab import VocabSpec
+from apertus_plugins.core.vocab import VocabSpec
 
 SPEC = VocabSpec.scaled()
 FULL = VocabSpec()

@@ -1,6 +1,6 @@
 """Hub ids resolved from a local Hugging Face cache, offline, laid out as huggingface_hub writes it.
 
-The cache is written by :func:`apertus_plugins.hub.add_to_cache` and read back by huggingface_hub's
+The cache is written by :func:`apertus_plugins.infra.hub.add_to_cache` and read back by huggingface_hub's
 own cache scanner and lookups, so the layout is the library's, not ours; every resolution runs with
 ``HF_HUB_OFFLINE=1`` (no network here, and none is attempted).
 """
@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from apertus_plugins.checkpoint import SIZES, text_config_dict
 from apertus_plugins.cli import main
-from apertus_plugins.hub import METADATA_PATTERNS, HubError, add_to_cache, local_path, parse_hub_id
-from apertus_plugins.tokenizer_builder import build_test_tokenizer
-from apertus_plugins.vocab import VocabSpec
+from apertus_plugins.core.vocab import VocabSpec
+from apertus_plugins.infra.hub import METADATA_PATTERNS, HubError, add_to_cache, local_path, parse_hub_id
+from apertus_plugins.testing.checkpoint import SIZES, text_config_dict
+from apertus_plugins.testing.tokenizer_builder import build_test_tokenizer
 
 REPO = "apertus-test/Apertus-tiny"
 SHARDS = ("model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors")
@@ -145,7 +145,7 @@ def test_an_id_that_is_neither_a_directory_nor_cached_offline_is_a_clear_error(c
 
 def test_doctor_vocab_and_inspect_take_a_hub_id(checkpoint: Path, cache: Path, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    from apertus_plugins.indexed import write_indexed_dataset
+    from apertus_plugins.data.indexed import write_indexed_dataset
 
     add_to_cache(checkpoint, REPO, cache=cache)
     assert main(["doctor", REPO, "--json"]) == 0

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from apertus_plugins.indexed import (
+from apertus_plugins.data.indexed import (
     MAGIC,
     IndexedDataset,
     IndexedDatasetError,

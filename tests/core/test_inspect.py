@@ -24,12 +24,12 @@ import pytest
 
 from apertus_plugins.cli import main
 from apertus_plugins.cli._view import ROLE_COLOURS, STATE_COLOURS, VIEW_ROLES, document_view, view_json
-from apertus_plugins.goldfish import goldfish_drop
-from apertus_plugins.indexed import write_indexed_dataset
-from apertus_plugins.media.audio import audio_sequence
-from apertus_plugins.media.image import byte_text_ids, image_sequence
-from apertus_plugins.targets import sft_mask
-from apertus_plugins.vocab import VocabSpec
+from apertus_plugins.core.goldfish import goldfish_drop
+from apertus_plugins.core.media.audio import audio_sequence
+from apertus_plugins.core.media.image import byte_text_ids, image_sequence
+from apertus_plugins.core.targets import sft_mask
+from apertus_plugins.core.vocab import VocabSpec
+from apertus_plugins.data.indexed import write_indexed_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = VocabSpec()

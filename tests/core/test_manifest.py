@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from apertus_plugins.cli import main
-from apertus_plugins.goldfish import goldfish_drop
-from apertus_plugins.indexed import write_indexed_dataset
-from apertus_plugins.manifest import ManifestError, read_manifest, verify_manifest, write_manifest
-from apertus_plugins.targets import sft_mask
-from apertus_plugins.tokenizer_builder import build_test_tokenizer
-from apertus_plugins.vocab import VocabSpec
+from apertus_plugins.core.goldfish import goldfish_drop
+from apertus_plugins.core.targets import sft_mask
+from apertus_plugins.core.vocab import VocabSpec
+from apertus_plugins.data.indexed import write_indexed_dataset
+from apertus_plugins.data.manifest import ManifestError, read_manifest, verify_manifest, write_manifest
+from apertus_plugins.testing.tokenizer_builder import build_test_tokenizer
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from apertus_plugins.media import audio, image
-from apertus_plugins.vocab import VocabSpec
+from apertus_plugins.core.media import audio, image
+from apertus_plugins.core.vocab import VocabSpec
 
 SPECS = [VocabSpec(), VocabSpec.scaled()]
 

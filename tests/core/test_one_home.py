@@ -23,16 +23,16 @@ def test_the_default_vocab_spec_is_built_in_one_place():
             if (isinstance(node, ast.Call) and not node.args and not node.keywords
                     and isinstance(node.func, ast.Name) and node.func.id == "VocabSpec"):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert found == ["apertus_plugins/vocab.py:" + str(_line_of_default_spec())], found
+    assert found == ["apertus_plugins/core/vocab.py:" + str(_line_of_default_spec())], found
 
 
 def _line_of_default_spec() -> int:
-    src = (ROOT / "apertus_plugins" / "vocab.py").read_text(encoding="utf-8").splitlines()
+    src = (ROOT / "apertus_plugins" / "core" / "vocab.py").read_text(encoding="utf-8").splitlines()
     start = next(k for k, line in enumerate(src) if line.startswith("def default_spec"))
     return next(k for k in range(start, len(src)) if "return VocabSpec()" in src[k]) + 1
 
 
-#: Values of the released model that only ``apertus_plugins/release.py`` may spell out.
+#: Values of the released model that only ``apertus_plugins/core/release.py`` may spell out.
 RELEASE_NUMBERS = {4_000_000.0: "the RoPE base", 12_000_000.0: "a RoPE base that is not the release's",
                    262_144: "the context length"}
 
@@ -47,7 +47,7 @@ def test_the_released_constants_are_read_from_release_py():
     found = []
     for path in _sources():
         rel = path.relative_to(ROOT)
-        if rel.as_posix() == "apertus_plugins/release.py":
+        if rel.as_posix() == "apertus_plugins/core/release.py":
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
         for node in ast.walk(tree):
@@ -83,7 +83,7 @@ def test_one_version_gate_and_the_metadata_says_the_same_ranges():
 
     from packaging.requirements import Requirement
 
-    from apertus_plugins.versions import SUPPORTED, UnsupportedVersionError, require, supported
+    from apertus_plugins.infra.versions import SUPPORTED, UnsupportedVersionError, require, supported
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     seen = set()
@@ -107,7 +107,7 @@ def test_one_version_gate_and_the_metadata_says_the_same_ranges():
 
 
 def test_no_adapter_parses_versions_by_hand():
-    """The adapters ask ``apertus_plugins.versions``; none splits a version string itself."""
+    """The adapters ask ``apertus_plugins.infra.versions``; none splits a version string itself."""
     for path in _sources():
         rel = path.relative_to(ROOT).as_posix()
         if rel.startswith(("vllm_model/", "verl_ext/", "megatron_patches/", "eval_tasks/")) and path.name in (
@@ -117,7 +117,7 @@ def test_no_adapter_parses_versions_by_hand():
 
 
 #: Part types of the built-in modalities (those that are not also a modality's name): only
-#: ``apertus_plugins/modalities.py`` lists them.
+#: ``apertus_plugins/plugins/builtin.py`` lists them.
 PART_TYPES = {"image_url", "input_image", "audio_url", "input_audio"}
 
 
@@ -132,23 +132,23 @@ def test_media_part_types_are_listed_by_the_modalities_only():
                 names = {e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in PART_TYPES}
                 if names:
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert found == [f"apertus_plugins/modalities.py:{n}" for n in _part_type_lines()], found
-    jinja = (ROOT / "apertus_plugins" / "chat" / "apertus1p5.jinja").read_text(encoding="utf-8")
+    assert found == [f"apertus_plugins/plugins/builtin.py:{n}" for n in _part_type_lines()], found
+    jinja = (ROOT / "apertus_plugins" / "core" / "chat" / "apertus1p5.jinja").read_text(encoding="utf-8")
     assert "input_image" not in jinja and "audio_url" not in jinja
 
 
 def _part_type_lines() -> list[int]:
-    src = (ROOT / "apertus_plugins" / "modalities.py").read_text(encoding="utf-8").splitlines()
+    src = (ROOT / "apertus_plugins" / "plugins" / "builtin.py").read_text(encoding="utf-8").splitlines()
     return [k + 1 for k, line in enumerate(src) if line.strip().startswith("part_types=(")]
 
 
 def test_task_markers_have_one_home():
     """The audio modality declares the task-control markers; the loss targets read them from the registry."""
-    from apertus_plugins.targets import task_control_markers
+    from apertus_plugins.core.targets import task_control_markers
 
     assert task_control_markers() == ("stt_transcribe", "stt_continue", "tts_continue")
     for path in _sources():
-        if path.name == "modalities.py":
+        if path.name == "builtin.py":
             continue
         text = path.read_text(encoding="utf-8")
         assert '("stt_transcribe", "stt_continue", "tts_continue")' not in text, path

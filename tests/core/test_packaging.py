@@ -34,8 +34,8 @@ def test_the_wheel_ships_every_package_file_and_the_entry_points(tmp_path):
     wanted = {name for name in _tracked() if name.split("/")[0] in PACKAGES}
     missing = sorted(wanted - shipped)
     assert not missing, f"tracked package files missing from the wheel: {missing}"
-    assert {"apertus_plugins/chat/apertus1p5.jinja", "verl_ext/config/apertus_sdpo.yaml",
-            "apertus_plugins/data/demo.wav"} <= shipped
+    assert {"apertus_plugins/core/chat/apertus1p5.jinja", "verl_ext/config/apertus_sdpo.yaml",
+            "apertus_plugins/assets/demo.wav"} <= shipped
 
     meta = next(n for n in shipped if n.endswith(".dist-info/entry_points.txt"))
     found = configparser.ConfigParser()

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from apertus_plugins.packing import (
+from apertus_plugins.core.packing import (
     best_fit_decreasing,
     concat_sample_index,
     packed_layout,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from apertus_plugins import plugins
-from apertus_plugins.chat import ROLES
+from apertus_plugins.core.chat import ROLES
 from apertus_plugins.plugins import Modality, build_registry, get_plugin_manager, hookimpl
 
 
@@ -55,7 +55,7 @@ def test_judges_and_rewards_are_collected():
 
 
 def test_a_modality_claiming_a_used_omni_slot_or_name_is_an_error_naming_both(monkeypatch):
-    from apertus_plugins.vocab import VocabError, registered_slots
+    from apertus_plugins.core.vocab import VocabError, registered_slots
 
     def with_modality(slots):
         extra = Modality("probe", 1, "probe", (), ("probe_url",), ("l",), lambda *a, **k: None, slots=slots)
@@ -89,7 +89,7 @@ def test_a_hook_outside_the_contract_is_an_error_naming_plugin_and_hook():
 
 
 def test_make_judge_builds_the_registered_backend_and_names_the_known_ones():
-    from apertus_plugins.judges import OpenAIJudge
+    from apertus_plugins.posttrain.judges import OpenAIJudge
 
     judge = plugins.make_judge("openai", base_url="http://127.0.0.1:9/v1", model="judge", scale=(1, 5),
                               charter="@sample")
@@ -104,11 +104,11 @@ from install import install_plugin  # noqa: E402  (tests/_plugins: the example p
 VIDEO_PROBE = textwrap.dedent('''
     import json, sys
     import numpy as np
-    from apertus_plugins.chat import ChatTokenizer, MediaItem, normalize_messages, render
-    from apertus_plugins.chat.template import jinja_template
+    from apertus_plugins.core.chat import ChatTokenizer, MediaItem, normalize_messages, render
+    from apertus_plugins.core.chat.template import jinja_template
     from apertus_plugins.plugins import registry
-    from apertus_plugins.tokenizer_builder import build_test_tokenizer
-    from apertus_plugins.vocab import VocabSpec, default_spec
+    from apertus_plugins.testing.tokenizer_builder import build_test_tokenizer
+    from apertus_plugins.core.vocab import VocabSpec, default_spec
 
     r = registry()
     spec = VocabSpec.scaled()
@@ -167,7 +167,7 @@ def test_third_party_modality_installed_with_pip_goes_through_normalize_render_a
 
 
 def test_without_the_plugin_a_video_part_is_refused_naming_the_known_types():
-    from apertus_plugins.chat import ChatFormatError, normalize_messages
+    from apertus_plugins.core.chat import ChatFormatError, normalize_messages
 
     with pytest.raises(ChatFormatError, match="unknown content part type 'video_url'.*image_url.*input_audio"):
         normalize_messages([{"role": "user", "content": [{"type": "video_url", "video_url": {"url": "x"}}]}])

@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from apertus_plugins.client import (
+from apertus_plugins.infra.client import (
     RETRY_STATUSES,
     Client,
     ResponseError,
@@ -26,7 +26,7 @@ from apertus_plugins.client import (
     assemble,
     http_json,
 )
-from apertus_plugins.serve import ServerError, VLLMServer, free_port
+from apertus_plugins.testing.serve import ServerError, VLLMServer, free_port
 
 FAST = RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.05)
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from apertus_plugins.targets import (
+from apertus_plugins.core.targets import (
     Schedule,
     TargetConfig,
     pretraining_targets,
@@ -15,7 +15,7 @@ from apertus_plugins.targets import (
     sft_mask_from_stored,
     task_control_markers,
 )
-from apertus_plugins.vocab import VocabSpec
+from apertus_plugins.core.vocab import VocabSpec
 
 SPEC = VocabSpec.scaled()
 FULL = VocabSpec()
@@ -304,7 +304,7 @@ def test_end_of_document_rule_and_goldfish_option() -> None:
     assert pretraining_targets(ids, SPEC, TargetConfig(end_of_document=None)).weights.tolist() == [1] * 5
     rng = np.random.default_rng(0)
     text = rng.integers(75, SPEC.text_size, 4000)
-    from apertus_plugins.goldfish import goldfish_drop
+    from apertus_plugins.core.goldfish import goldfish_drop
 
     out = pretraining_targets(text, SPEC, goldfish={"k": 4, "h": 3, "variant": "order-sensitive"})
     drop = goldfish_drop(text[1:], k=4, h=3, variant="order-sensitive", spec=SPEC)

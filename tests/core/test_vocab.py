@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from apertus_plugins.cli import main as cli_main
-from apertus_plugins.vocab import OMNI_SLOTS, ModalityRange, VocabError, VocabSpec
+from apertus_plugins.core.vocab import OMNI_SLOTS, ModalityRange, VocabError, VocabSpec
 
 
 def test_released_layout_numbers():

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from apertus_plugins.serve import CPU_ARGS, VLLMServer
+from apertus_plugins.testing.serve import CPU_ARGS, VLLMServer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _fixtures import write_text_fixtures  # noqa: E402
@@ -41,14 +41,14 @@ def vllm_python() -> str:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny random Apertus 1.5 checkpoint in the released layout."""
-    from apertus_plugins.checkpoint import write_checkpoint
+    from apertus_plugins.testing.checkpoint import write_checkpoint
 
     return write_checkpoint(tmp_path_factory.mktemp("ckpt") / "apertus-tiny", size="tiny", seed=SEED, init="varied")
 
 
 def output_rows(model_dir: Path) -> int:
     """The model's output vocabulary (its LM head rows): every rating token is among that many logprobs."""
-    from apertus_plugins.checkpoint import read_checkpoint_config
+    from apertus_plugins.testing.checkpoint import read_checkpoint_config
 
     return int(read_checkpoint_config(model_dir).text["output_vocab_size"])
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from apertus_plugins.chat.parse import CALL_CLOSE, CALL_OPEN, EOS, TURN_END
-from apertus_plugins.evaluation import (
+from apertus_plugins.core.chat.parse import CALL_CLOSE, CALL_OPEN, EOS, TURN_END
+from apertus_plugins.posttrain.evaluation import (
     DEFAULT_DECODING,
     THINKING_DECODING,
     bfcl_tools,
@@ -198,7 +198,7 @@ def test_score_calls_irrelevance_wants_no_call() -> None:
 
 
 def test_bfcl_tools_become_json_schema_for_the_template() -> None:
-    from apertus_plugins.chat import render
+    from apertus_plugins.core.chat import render
 
     tools = bfcl_tools([WEATHER, ADD])
     assert tools[0]["function"]["parameters"]["type"] == "object"

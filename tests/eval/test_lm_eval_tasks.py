@@ -15,9 +15,9 @@ import yaml
 from conftest import SERVED_NAME
 
 from apertus_plugins.cli.eval_path import include_path
-from apertus_plugins.client import http_json
-from apertus_plugins.evaluation import DEFAULT_DECODING, THINKING_DECODING, stop_strings
-from apertus_plugins.serve import VLLMServer
+from apertus_plugins.infra.client import http_json
+from apertus_plugins.posttrain.evaluation import DEFAULT_DECODING, THINKING_DECODING, stop_strings
+from apertus_plugins.testing.serve import VLLMServer
 
 LM_EVAL = include_path("lm_eval")
 
@@ -188,7 +188,7 @@ def test_the_fewshot_prompt_of_a_local_task(data_env: Path) -> None:
 def test_an_unreachable_judge_names_the_task_and_the_setting(data_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from lm_eval.tasks import TaskManager
 
-    from apertus_plugins.serve import free_port
+    from apertus_plugins.testing.serve import free_port
 
     tm = TaskManager(include_path=str(LM_EVAL), include_defaults=False)
     url = f"http://127.0.0.1:{free_port()}/v1"

@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from apertus_plugins.cli.eval_path import include_path
-from apertus_plugins.client import http_json
-from apertus_plugins.evaluation import AUDIO_SAMPLE_RATE, LONG_FORM_ASR_MAX_TOKENS, stop_strings
-from apertus_plugins.serve import VLLMServer, free_port
+from apertus_plugins.infra.client import http_json
+from apertus_plugins.posttrain.evaluation import AUDIO_SAMPLE_RATE, LONG_FORM_ASR_MAX_TOKENS, stop_strings
+from apertus_plugins.testing.serve import VLLMServer, free_port
 
 LMMS = include_path("lmms_eval")
 IMAGE_TASKS = ["apertus_chartqa", "apertus_ai2d", "apertus_docvqa_val", "apertus_gqa"]
@@ -253,7 +253,7 @@ def _probe(server: VLLMServer, body: dict) -> dict:
 
 def _raw_text(message: dict) -> str:
     """The generation before the reasoning parser split it: opener + thinking [+ closer + content]."""
-    from apertus_plugins.chat.parse import THINK_CLOSE, THINK_OPEN
+    from apertus_plugins.core.chat.parse import THINK_CLOSE, THINK_OPEN
 
     if message.get("reasoning") is None:
         return message.get("content") or ""
@@ -264,7 +264,7 @@ def _raw_text(message: dict) -> str:
 def _pick_stop(text: str) -> str | None:
     """Two characters of ``text`` after a visible answer has begun, first occurring there, that survive
     lmms-eval's ``--gen_kwargs`` parsing and the server log's ``repr``."""
-    from apertus_plugins.evaluation import strip_thinking
+    from apertus_plugins.posttrain.evaluation import strip_thinking
 
     for k in range(1, len(text) - 1):
         stop = text[k:k + 2]
@@ -293,9 +293,9 @@ def _expected_media(model_dir: Path, parts: list[dict]) -> list[tuple[str, tuple
     the wrapper sent (the PNG, the 24 kHz WAV), through the core's preprocessing."""
     import torch
 
+    from apertus_plugins.core.media.audio import load_audio, preprocess_audio
+    from apertus_plugins.core.media.image import preprocess_image
     from apertus_plugins.encoders import encode_audio, encode_images, load_media_tokenizers
-    from apertus_plugins.media.audio import load_audio, preprocess_audio
-    from apertus_plugins.media.image import preprocess_image
 
     torch.set_num_threads(1)
     vision, audio = load_media_tokenizers(model_dir)
@@ -315,10 +315,10 @@ def _expected_media(model_dir: Path, parts: list[dict]) -> list[tuple[str, tuple
 
 def _media_sequence_length(model_dir: Path, kind: str, shape: tuple[int, ...]) -> int:
     """Prompt tokens one image or clip occupies on the server (the core's layout, the checkpoint's tokenizer)."""
-    from apertus_plugins.chat import ChatTokenizer
-    from apertus_plugins.checkpoint import read_checkpoint_config
-    from apertus_plugins.media.audio import audio_placeholder_sequence
-    from apertus_plugins.media.image import image_placeholder_sequence
+    from apertus_plugins.core.chat import ChatTokenizer
+    from apertus_plugins.core.media.audio import audio_placeholder_sequence
+    from apertus_plugins.core.media.image import image_placeholder_sequence
+    from apertus_plugins.testing.checkpoint import read_checkpoint_config
 
     spec = read_checkpoint_config(model_dir).spec
     if kind == "image":
@@ -350,8 +350,8 @@ def test_lmms_eval_runs_image_and_audio_tasks_end_to_end(vllm_server: VLLMServer
     """The real harness runs the wrapped ChartQA, AI2D, LibriSpeech and VocalSound tasks on tiny local PNGs
     and WAVs (8 to 44.1 kHz) through the served checkpoint; the server encodes exactly the media the
     wrapper sent, receives the task's cap and stops, and the tasks score the answers without thinking."""
-    from apertus_plugins.checkpoint import read_checkpoint_config
-    from apertus_plugins.evaluation import strip_thinking
+    from apertus_plugins.posttrain.evaluation import strip_thinking
+    from apertus_plugins.testing.checkpoint import read_checkpoint_config
     from eval_tasks.lmms_model import Apertus, openai_messages
 
     tasks = _tasks(E2E_TASKS)

@@ -97,10 +97,10 @@ def _apertus(*args: str) -> None:
 
 def build_data(root: Path) -> Data:
     """Every prefix of the suite, written by the user-facing commands (a few seconds on two cores)."""
-    from apertus_plugins.chat import ChatTokenizer
-    from apertus_plugins.checkpoint import write_checkpoint
-    from apertus_plugins.indexed import IndexedDatasetWriter, optimal_dtype
-    from apertus_plugins.vocab import VocabSpec
+    from apertus_plugins.core.chat import ChatTokenizer
+    from apertus_plugins.core.vocab import VocabSpec
+    from apertus_plugins.data.indexed import IndexedDatasetWriter, optimal_dtype
+    from apertus_plugins.testing.checkpoint import write_checkpoint
 
     rng = np.random.default_rng(0)
     ckpt = write_checkpoint(root / "checkpoint", size="tiny", init="varied")

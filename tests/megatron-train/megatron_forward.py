@@ -19,8 +19,8 @@ import sys
 import torch
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-from apertus_plugins.convert import ModelShape
 from megatron_patches.checkpoint import build_cpu_model, load_megatron
+from megatron_patches.convert import ModelShape
 from megatron_patches.spec import apertus_layer_spec, local_to_checkpoint_name
 
 

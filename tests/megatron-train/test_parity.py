@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 from conftest import HERE, ROOT, Data, assert_trained, cpu_env, torchrun, train_flags
 
-from apertus_plugins.indexed import IndexedDataset
+from apertus_plugins.data.indexed import IndexedDataset
 
 BOUND_LOGITS = 1e-4
 BOUND_LOGPROBS = 1e-3
@@ -147,8 +147,8 @@ def test_trained_checkpoint_converts_back(data: Data, trained: Path, trained_hf:
 
 def test_trained_checkpoint_serves_with_megatrons_numbers(trained: Path, trained_hf: Path, request_file: Path,
                                                           work: Path) -> None:
-    from apertus_plugins.client import http_json
-    from apertus_plugins.serve import CPU_ARGS, VLLMServer
+    from apertus_plugins.infra.client import http_json
+    from apertus_plugins.testing.serve import CPU_ARGS, VLLMServer
 
     req = json.loads(request_file.read_text())
     meg = json.loads((work / "megatron-trained.json").read_text()) if (work / "megatron-trained.json").is_file() \

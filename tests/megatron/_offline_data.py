@@ -181,7 +181,7 @@ BATCH = "4"
 
 def tiny_checkpoint(out: Path) -> Path:
     """``apertus make-checkpoint``'s tiny random checkpoint (released layout; 256 image and 64 audio codes)."""
-    from apertus_plugins.checkpoint import write_checkpoint
+    from apertus_plugins.testing.checkpoint import write_checkpoint
 
     return write_checkpoint(out, size="tiny")
 
@@ -219,7 +219,7 @@ class Workspace:
 @functools.cache
 def workspace() -> Workspace:
     """Inputs, tokenizer and checkpoint, built once per test process (removed at exit)."""
-    from apertus_plugins.tokenizer_builder import build_test_tokenizer
+    from apertus_plugins.testing.tokenizer_builder import build_test_tokenizer
 
     root = Path(tempfile.mkdtemp(prefix="apertus-offline-"))
     atexit.register(shutil.rmtree, root, True)
@@ -273,7 +273,7 @@ def reference(kind: str) -> Path:
     if kind == "sft":
         import contextlib
 
-        from apertus_plugins.offline import TokenizeConfig, tokenize
+        from apertus_plugins.data.offline import TokenizeConfig, tokenize
 
         cfg = TokenizeConfig("sft", [str(ws.conversations)], out=str(out), tokenizer=str(ws.tokenizer),
                              checkpoint=str(ws.checkpoint), batch_size=2, without_reasoning=True, mask_stream=True,

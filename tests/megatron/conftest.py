@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from apertus_plugins.chat import ChatTokenizer
-from apertus_plugins.indexed import IndexedDatasetWriter, optimal_dtype
-from apertus_plugins.tokenizer_builder import build_test_tokenizer
-from apertus_plugins.vocab import VocabSpec
+from apertus_plugins.core.chat import ChatTokenizer
+from apertus_plugins.core.vocab import VocabSpec
+from apertus_plugins.data.indexed import IndexedDatasetWriter, optimal_dtype
+from apertus_plugins.testing.tokenizer_builder import build_test_tokenizer
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
 warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
@@ -80,7 +80,7 @@ def write_sft_prefix(prefix: Path, tokenizer_dir: Path, conversations: Sequence[
     With ``mask`` also writes the stored mask stream ``PREFIX.mask`` (one uint8 per token, as the
     core's SFT mask, aligned with the tokens). Returns the written id arrays in order.
     """
-    from apertus_plugins.targets import sft_mask
+    from apertus_plugins.core.targets import sft_mask
 
     spec = VocabSpec.from_tokenizer_dir(tokenizer_dir)
     ids = encode_conversations(tokenizer_dir, conversations) * repeat
@@ -147,7 +147,7 @@ def tiny_text_config(**overrides: Any) -> dict[str, Any]:
 def tiny_hf_tensors(config: dict[str, Any], dtype: torch.dtype = torch.bfloat16, seed: int = 0,
                     prefix: str = "model.language_model.") -> dict[str, torch.Tensor]:
     """Random tensors with the released names and shapes (the port's xIELU init and constants)."""
-    from apertus_plugins import xielu
+    from apertus_plugins.core import xielu
 
     g = torch.Generator().manual_seed(seed)
     t = config.get("text_config", config)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from apertus_plugins.optim.ademamix import RECIPE, AdEMAMix, alpha_at, beta3_at
+from megatron_patches.ademamix import RECIPE, AdEMAMix, alpha_at, beta3_at
 
 
 def paper_reference(theta0: list[np.ndarray], grads: list[list[np.ndarray]], *, lr: float, b1: float, b2: float,

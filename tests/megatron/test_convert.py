@@ -19,7 +19,8 @@ import torch
 from conftest import tiny_hf_tensors, tiny_text_config, write_hf_dir
 
 from apertus_plugins.cli import main as apertus
-from apertus_plugins.convert import (
+from megatron_patches.checkpoint import load_megatron, save_megatron
+from megatron_patches.convert import (
     NEW_ROW_SCALE,
     ConversionError,
     ModelShape,
@@ -32,7 +33,6 @@ from apertus_plugins.convert import (
     read_hf_checkpoint,
     split_qkv,
 )
-from megatron_patches.checkpoint import load_megatron, save_megatron
 
 
 def bits(t: torch.Tensor) -> bytes:

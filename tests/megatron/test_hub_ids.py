@@ -1,6 +1,6 @@
 """``apertus convert to-megatron`` and ``apertus tokenize`` with Hub ids, from a local Hugging Face cache.
 
-The cache is laid out as huggingface_hub writes it (:func:`apertus_plugins.hub.add_to_cache`) and
+The cache is laid out as huggingface_hub writes it (:func:`apertus_plugins.infra.hub.add_to_cache`) and
 read offline (``HF_HUB_OFFLINE=1``). ``tokenize`` reads the encoders of a checkpoint given by its
 id from a cache holding only the encoder shards, takes the checkpoint's own tokenizer when
 ``--tokenizer`` is not given, writes what the same run on the directories writes, and ends with
@@ -18,9 +18,9 @@ from _offline_data import cli, workspace
 from conftest import tiny_hf_tensors, tiny_text_config, write_hf_dir
 
 from apertus_plugins.cli import main as apertus
-from apertus_plugins.hub import add_to_cache
+from apertus_plugins.core.tensor_names import AUDIO_PREFIX, VISION_PREFIX
+from apertus_plugins.infra.hub import add_to_cache
 from apertus_plugins.plugins import serving_layout
-from apertus_plugins.tensor_names import AUDIO_PREFIX, VISION_PREFIX
 from megatron_patches.checkpoint import load_megatron
 
 REPO = "apertus-test/Apertus-tiny"

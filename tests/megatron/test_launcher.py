@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from apertus_plugins.targets import Schedule, TargetConfig
+from apertus_plugins.core.targets import Schedule, TargetConfig
 from megatron_patches.arguments import (
     GROUP_TITLE,
     add_apertus_args,

@@ -19,8 +19,8 @@ import pytest
 import torch
 from conftest import CONVERSATIONS, encode_conversations, write_pretraining_prefix
 
-from apertus_plugins.targets import pretraining_targets, sft_mask
-from apertus_plugins.vocab import VocabSpec
+from apertus_plugins.core.targets import pretraining_targets, sft_mask
+from apertus_plugins.core.vocab import VocabSpec
 from megatron_patches.arguments import add_apertus_args, options_from_args
 from megatron_patches.training import get_batch, loss_func, modality_weights, step_targets
 

@@ -26,15 +26,15 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from megatron.core.datasets.indexed_dataset import IndexedDataset as MegatronIndexedDataset
 
-from apertus_plugins.chat import ChatTokenizer, MediaItem, normalize_messages, reasoning_as_blocks
-from apertus_plugins.indexed import IndexedDataset
-from apertus_plugins.manifest import verify_manifest
-from apertus_plugins.media.image import detect_image_layout
-from apertus_plugins.offline import TokenizeConfig, tokenize
-from apertus_plugins.offline.plan import make_batches
-from apertus_plugins.offline.sft import has_reasoning, strip_reasoning
-from apertus_plugins.offline.sources import read_media, scan_pretrain, scan_sft
-from apertus_plugins.targets import sft_mask
+from apertus_plugins.core.chat import ChatTokenizer, MediaItem, normalize_messages, reasoning_as_blocks
+from apertus_plugins.core.media.image import detect_image_layout
+from apertus_plugins.core.targets import sft_mask
+from apertus_plugins.data.indexed import IndexedDataset
+from apertus_plugins.data.manifest import verify_manifest
+from apertus_plugins.data.offline import TokenizeConfig, tokenize
+from apertus_plugins.data.offline.plan import make_batches
+from apertus_plugins.data.offline.sft import has_reasoning, strip_reasoning
+from apertus_plugins.data.offline.sources import read_media, scan_pretrain, scan_sft
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +47,8 @@ def encoders() -> tuple:
 
 def _expected_pretrain(encoders: tuple, layout: str = "training", sources: list[str] | None = None) -> list[np.ndarray]:
     """Documents of the pretraining inputs, each item encoded alone, in plan order."""
+    from apertus_plugins.core.media.audio import transcription_sequence
     from apertus_plugins.encoders import audio_ids, image_ids
-    from apertus_plugins.media.audio import transcription_sequence
 
     ws = workspace()
     chat = ChatTokenizer(ws.tokenizer)
@@ -165,8 +165,8 @@ def test_audio_tasks_and_captions_before(tmp_path: Path, encoders: tuple) -> Non
 
 
 def _expected_sft(encoders: tuple) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    from apertus_plugins.data.offline.sources import parse_record
     from apertus_plugins.encoders import audio_ids, image_ids
-    from apertus_plugins.offline.sources import parse_record
 
     ws = workspace()
     chat = ChatTokenizer(ws.tokenizer)
@@ -245,7 +245,7 @@ def test_sft_outputs(encoders: tuple) -> None:
 def test_finished_run_is_recognised_and_changed_settings_refused(tmp_path: Path) -> None:
     import io
 
-    from apertus_plugins.offline import RunError
+    from apertus_plugins.data.offline import RunError
 
     ws = workspace()
     text_only = tmp_path / "text.jsonl"

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from _offline_data import workspace
 
-from apertus_plugins.media.audio import load_audio, preprocess_audio, resampled_length
-from apertus_plugins.media.image import preprocess_image
-from apertus_plugins.offline.config import TokenizeConfig
-from apertus_plugins.offline.plan import make_batches
-from apertus_plugins.offline.sft import has_reasoning, strip_reasoning
-from apertus_plugins.offline.sources import Reasons, read_media, scan_pretrain, scan_sft
+from apertus_plugins.core.media.audio import load_audio, preprocess_audio, resampled_length
+from apertus_plugins.core.media.image import preprocess_image
+from apertus_plugins.data.offline.config import TokenizeConfig
+from apertus_plugins.data.offline.plan import make_batches
+from apertus_plugins.data.offline.sft import has_reasoning, strip_reasoning
+from apertus_plugins.data.offline.sources import Reasons, read_media, scan_pretrain, scan_sft
 
 
 def _scan_all() -> tuple[list, list, list]:
@@ -133,10 +133,10 @@ def _sharded_plan(tmp: Path, kind: str, sources: list[str], **settings: object) 
     import json
     from dataclasses import asdict
 
-    from apertus_plugins.offline import storage
-    from apertus_plugins.offline.execute import InProcess
-    from apertus_plugins.offline.plan import Layout
-    from apertus_plugins.offline.run import _plan
+    from apertus_plugins.data.offline import storage
+    from apertus_plugins.data.offline.execute import InProcess
+    from apertus_plugins.data.offline.plan import Layout
+    from apertus_plugins.data.offline.run import _plan
 
     ws = workspace()
     (tmp / "ckpt").mkdir(exist_ok=True)
@@ -176,7 +176,7 @@ def test_jsonl_byte_ranges_keep_every_conversation_and_its_line(tmp_path: Path) 
 def test_listing_order_is_the_sorted_relative_paths(tmp_path: Path) -> None:
     import os
 
-    from apertus_plugins.offline.sources import list_shards
+    from apertus_plugins.data.offline.sources import list_shards
 
     names = ["a.txt", "a/b.jpg", "a-b/c.png", "a.jpg", "b.JPG", ".hidden/x.jpg", "d/.h.jpg", "A.png", "a/b/c.wav",
              "a/b.txt", "z.tar.gz", "ab.jpg", "a/b0.jpg"]
@@ -224,7 +224,7 @@ def test_has_and_strip_reasoning() -> None:
                                                      {"type": "response", "text": "R"}]}},
         {"role": "assistant", "content": "plain", "reasoning_content": "why"},
     ]
-    from apertus_plugins.chat import normalize_messages
+    from apertus_plugins.core.chat import normalize_messages
 
     norm = normalize_messages(msgs)
     assert has_reasoning(norm)

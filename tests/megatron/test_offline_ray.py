@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 from _offline_data import SFT_SUFFIXES, cli, outputs, records, workspace
 
-from apertus_plugins.offline.sources import shard_files
+from apertus_plugins.data.offline.sources import shard_files
 
 FAULT = "APERTUS_TOKENIZE_FAULT"
 # Ray 2.60 turns on token authentication for a head as soon as ~/.ray/auth_token exists (any local

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from _offline_data import SFT_SUFFIXES, cli, outputs, reference, workspace
 
-from apertus_plugins.indexed import IndexedDataset
-from apertus_plugins.manifest import verify_manifest
-from apertus_plugins.offline import RunError, TokenizeConfig, tokenize
+from apertus_plugins.data.indexed import IndexedDataset
+from apertus_plugins.data.manifest import verify_manifest
+from apertus_plugins.data.offline import RunError, TokenizeConfig, tokenize
 
 
 def _to_memory(fs: fsspec.AbstractFileSystem, local: Path, remote: str) -> None:

@@ -27,10 +27,10 @@ SCRIPT = r'''
 import io, json, subprocess, sys
 from pathlib import Path
 import numpy as np
-from apertus_plugins.checkpoint import write_checkpoint
-from apertus_plugins.chat import ChatTokenizer, MediaItem
+from apertus_plugins.testing.checkpoint import write_checkpoint
+from apertus_plugins.core.chat import ChatTokenizer, MediaItem
 from apertus_plugins.encoders import encode_images, load_vision_tokenizer
-from apertus_plugins.media.image import image_sequence, preprocess_image
+from apertus_plugins.core.media.image import image_sequence, preprocess_image
 
 root = Path(sys.argv[1])
 ckpt = write_checkpoint(root / "ckpt", size="tiny")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from apertus_plugins.optim.ademamix import RECIPE as ADEMAMIX
+from megatron_patches.ademamix import RECIPE as ADEMAMIX
 from megatron_patches.arguments import add_apertus_args, options_from_args
 from megatron_patches.errors import ApertusArgumentError
 from megatron_patches.recipes import RECIPES, WARMUP_TOKENS, expand_recipes, split_flags

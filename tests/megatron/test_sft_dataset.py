@@ -23,10 +23,10 @@ import pytest
 import torch
 from conftest import CONVERSATIONS, encode_conversations, null_tokenizer, write_pretraining_prefix, write_sft_prefix
 
-from apertus_plugins.manifest import write_manifest
-from apertus_plugins.packing import packed_layout_from_eod
-from apertus_plugins.targets import pretraining_targets, sft_mask
-from apertus_plugins.vocab import VocabSpec
+from apertus_plugins.core.packing import packed_layout_from_eod
+from apertus_plugins.core.targets import pretraining_targets, sft_mask
+from apertus_plugins.core.vocab import VocabSpec
+from apertus_plugins.data.manifest import write_manifest
 from megatron_patches.arguments import add_apertus_args, options_from_args
 from megatron_patches.dataset import ApertusDataset, ApertusDatasetConfig, build_datasets
 from megatron_patches.errors import PreflightError, SftPackingError
@@ -248,7 +248,7 @@ def test_packed_sequences_cu_seqlens(data: dict[str, Any], tokenizer_dir: Path, 
 
 def test_sft_goldfish_optional(data: dict[str, Any], tokenizer_dir: Path, spec: VocabSpec,
                                process_group: None) -> None:
-    from apertus_plugins.goldfish import goldfish_drop
+    from apertus_plugins.core.goldfish import goldfish_drop
 
     flags = ("--apertus-sft-data", data["sft"], "--apertus-goldfish-k", "2", "--apertus-goldfish-h", "2")
     plain = build_datasets(make_config(data, options(tokenizer_dir, *flags), spec, blend=([data["sft"]], None)),
@@ -341,7 +341,7 @@ def test_stored_mask_must_exist(data: dict[str, Any], tmp_path: Path, tokenizer_
 
 
 def test_conversations_tokenized_as_written(data: dict[str, Any], tokenizer_dir: Path) -> None:
-    from apertus_plugins.indexed import IndexedDataset
+    from apertus_plugins.data.indexed import IndexedDataset
 
     ds = IndexedDataset(data["sft"])
     want = encode_conversations(tokenizer_dir, CONVERSATIONS) * 6

@@ -12,9 +12,9 @@ import pytest
 import torch
 from conftest import tiny_text_config
 
-from apertus_plugins import xielu
-from apertus_plugins.convert import HF_PREFIX_15, ModelShape, megatron_names, megatron_to_hf
+from apertus_plugins.core import xielu
 from megatron_patches.checkpoint import build_cpu_model, transformer_config
+from megatron_patches.convert import HF_PREFIX_15, ModelShape, megatron_names, megatron_to_hf
 from megatron_patches.spec import XIELU, ApertusMLP, apertus_layer_spec, build_gpt_model, local_to_checkpoint_name
 
 SHAPE = ModelShape.from_hf_config(tiny_text_config())

@@ -21,10 +21,10 @@ with warnings.catch_warnings():
     from megatron.core.datasets.indexed_dataset import IndexedDataset as MegatronIndexedDataset
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
-from apertus_plugins.goldfish import TABLE_SEED, TABLE_SIZE, goldfish_drop, goldfish_keys, goldfish_table
-from apertus_plugins.indexed import IndexedDataset, IndexedDatasetWriter, optimal_dtype
-from apertus_plugins.targets import pretraining_targets, sft_mask
-from apertus_plugins.vocab import VocabSpec
+from apertus_plugins.core.goldfish import TABLE_SEED, TABLE_SIZE, goldfish_drop, goldfish_keys, goldfish_table
+from apertus_plugins.core.targets import pretraining_targets, sft_mask
+from apertus_plugins.core.vocab import VocabSpec
+from apertus_plugins.data.indexed import IndexedDataset, IndexedDatasetWriter, optimal_dtype
 
 SPEC = VocabSpec()
 

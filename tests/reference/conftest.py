@@ -17,7 +17,7 @@ for name in [m for m in sys.modules if m == "apertus_plugins" or m.startswith("a
 
 @pytest.fixture(scope="session")
 def full_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from apertus_plugins.tokenizer_builder import build_test_tokenizer
-    from apertus_plugins.vocab import VocabSpec
+    from apertus_plugins.core.vocab import VocabSpec
+    from apertus_plugins.testing.tokenizer_builder import build_test_tokenizer
 
     return build_test_tokenizer(tmp_path_factory.mktemp("tok_full"), VocabSpec())

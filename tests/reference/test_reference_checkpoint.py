@@ -18,11 +18,11 @@ from PIL import Image
 from safetensors import safe_open
 from transformers import Apertus1p5Config, Apertus1p5ForConditionalGeneration, AutoProcessor, GenerationConfig
 
-from apertus_plugins import checkpoint
-from apertus_plugins.checkpoint import read_checkpoint_config, write_checkpoint
+from apertus_plugins.core.media import audio, image
+from apertus_plugins.core.vocab import VocabSpec
 from apertus_plugins.encoders import audio_ids, image_ids, load_media_tokenizers
-from apertus_plugins.media import audio, image
-from apertus_plugins.vocab import VocabSpec
+from apertus_plugins.testing import checkpoint
+from apertus_plugins.testing.checkpoint import read_checkpoint_config, write_checkpoint
 
 rng = np.random.default_rng(77)
 
@@ -216,7 +216,7 @@ def test_read_checkpoint_config_checks_agreement(ckpt, tmp_path):
 
 
 def test_interrupted_write_leaves_nothing_and_overwrite_replaces(ckpt, tmp_path, monkeypatch):
-    import apertus_plugins.tokenizer_builder as tb
+    import apertus_plugins.testing.tokenizer_builder as tb
 
     def boom(*args, **kwargs):
         raise RuntimeError("disk full")

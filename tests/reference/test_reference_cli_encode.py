@@ -16,7 +16,7 @@ from _encoder_oracles import port_audio_codes
 from PIL import Image
 from transformers import Apertus1p5ForConditionalGeneration, AutoProcessor
 
-from apertus_plugins.media import audio
+from apertus_plugins.core.media import audio
 
 ROOT = Path(__file__).resolve().parents[2]
 rng = np.random.default_rng(9)
@@ -100,7 +100,7 @@ def test_cli_errors_and_help_without_torch(ckpt, tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0 and "--shard-size" in r.stdout, r.stderr
     r = subprocess.run([sys.executable, "-c", "import sys; sys.modules['torch'] = None; "
-                        "from apertus_plugins.checkpoint import "
+                        "from apertus_plugins.testing.checkpoint import "
                         "read_checkpoint_config; c = read_checkpoint_config(sys.argv[1]); "
                         "print(c.vision.codebook_size, c.audio.hop_length)", str(ckpt)],
                        capture_output=True, text=True, env=env, timeout=120)

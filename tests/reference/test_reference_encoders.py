@@ -15,6 +15,8 @@ import torch
 from _encoder_oracles import port_audio, port_audio_codes, port_image_codes, port_vision
 from PIL import Image
 
+from apertus_plugins.core.media import audio, image
+from apertus_plugins.core.vocab import VocabSpec
 from apertus_plugins.encoders import (
     AudioTokenizer,
     AudioTokenizerConfig,
@@ -26,11 +28,9 @@ from apertus_plugins.encoders import (
     encode_images,
     group_by_shape,
     image_ids,
-    init_random_weights,
     precision_scope,
 )
-from apertus_plugins.media import audio, image
-from apertus_plugins.vocab import VocabSpec
+from apertus_plugins.testing.random_weights import init_random_weights
 
 rng = np.random.default_rng(20260)
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 from transformers import Apertus1p5ForConditionalGeneration
 
-from apertus_plugins.checkpoint import write_checkpoint
+from apertus_plugins.core.tensor_names import ENCODER_PREFIXES
 from apertus_plugins.hf.modeling import Apertus1p5ForCausalLM
-from apertus_plugins.tensor_names import ENCODER_PREFIXES
+from apertus_plugins.testing.checkpoint import write_checkpoint
 
 
 @pytest.fixture(scope="module")

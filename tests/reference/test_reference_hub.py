@@ -19,8 +19,8 @@ import pytest
 import torch
 from PIL import Image
 
-from apertus_plugins.hub import HubError, add_to_cache
-from apertus_plugins.tensor_names import AUDIO_PREFIX, VISION_PREFIX
+from apertus_plugins.core.tensor_names import AUDIO_PREFIX, VISION_PREFIX
+from apertus_plugins.infra.hub import HubError, add_to_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "apertus-test/Apertus-tiny-random"

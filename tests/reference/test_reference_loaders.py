@@ -24,7 +24,6 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import Apertus1p5ForConditionalGeneration
 
-from apertus_plugins.checkpoint import write_checkpoint
 from apertus_plugins.encoders import (
     AudioTokenizer,
     AudioTokenizerConfig,
@@ -32,12 +31,13 @@ from apertus_plugins.encoders import (
     VisionTokenizer,
     VisionTokenizerConfig,
     detect_format,
-    init_random_weights,
     load_audio_tokenizer,
     load_media_tokenizers,
     load_vision_tokenizer,
 )
 from apertus_plugins.encoders import loaders as loaders_mod
+from apertus_plugins.testing.checkpoint import write_checkpoint
+from apertus_plugins.testing.random_weights import init_random_weights
 
 rng = np.random.default_rng(5)
 PIXELS = [torch.from_numpy(rng.uniform(-1, 1, (1, 3, h, w)).astype(np.float32)) for h, w in [(128, 128), (96, 224)]]

@@ -16,8 +16,8 @@ from transformers.models.apertus1p5.processing_apertus1p5 import Apertus1p5Proce
 from transformers.models.wavtokenizer.feature_extraction_wavtokenizer import WavTokenizerFeatureExtractor
 
 import apertus_plugins
-from apertus_plugins.media import audio, image
-from apertus_plugins.vocab import VocabSpec
+from apertus_plugins.core.media import audio, image
+from apertus_plugins.core.vocab import VocabSpec
 
 rng = np.random.default_rng(1234)
 

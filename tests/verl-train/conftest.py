@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from apertus_plugins.client import http_json
-from apertus_plugins.serve import CPU_ARGS, VLLMServer
+from apertus_plugins.infra.client import http_json
+from apertus_plugins.testing.serve import CPU_ARGS, VLLMServer
 
 # this process is a verl process too (it loads saved checkpoints through the plugin): the CPU platform
 sys.path.insert(0, str(Path(__file__).resolve().parent / "harness"))
@@ -32,7 +32,7 @@ JUDGE_MODEL = "judge"
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     """``apertus make-checkpoint --init varied``: the released layout, every tensor shaping the output."""
-    from apertus_plugins.checkpoint import write_checkpoint
+    from apertus_plugins.testing.checkpoint import write_checkpoint
 
     return write_checkpoint(tmp_path_factory.mktemp("ckpt") / "apertus-tiny", size="tiny", init="varied")
 
@@ -42,7 +42,7 @@ def judge(tiny_checkpoint, tmp_path_factory):
     """The judge: the tiny checkpoint served by vLLM with the plugin; the whole text vocabulary as alternatives
     (with random weights no rating digit is among the top 20). One per test module (it is stopped before the
     next module's trainers run)."""
-    from apertus_plugins.checkpoint import read_checkpoint_config
+    from apertus_plugins.testing.checkpoint import read_checkpoint_config
 
     text_tokens = read_checkpoint_config(tiny_checkpoint).spec.text_size
     args = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", JUDGE_MODEL, "--max-logprobs", str(text_tokens),

@@ -64,7 +64,7 @@ def test_four_steps_reference_pass_and_dpo_update(straight, tiny_checkpoint):
     assert run.metric("actor/dpo_reward_accuracy")[-1] == 1.0
     assert run.metric("dpo/pairs") == [2.0] * STEPS
     # one epoch: the four steps take every pair of the file once (their tokens add up to the file's)
-    from apertus_plugins.chat import ChatTokenizer
+    from apertus_plugins.core.chat import ChatTokenizer
     from verl_ext import dpo
 
     encoded = dpo.encode_pairs(pairs(8), ChatTokenizer(tiny_checkpoint), 512, 128)

@@ -36,7 +36,7 @@ def transfer_queue(tmp_path_factory):
 def test_offline_rows_keep_fields_written_after_them(transfer_queue, tiny_checkpoint):
     from verl.utils.transferqueue_utils import kv_batch_meta2batch_meta
 
-    from apertus_plugins.chat import ChatTokenizer
+    from apertus_plugins.core.chat import ChatTokenizer
     from verl_ext import dpo
     from verl_ext.trainers import rows_meta, tq_fields
 

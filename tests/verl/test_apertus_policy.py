@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from apertus_plugins.core.tensor_names import ENCODER_PREFIXES
 from apertus_plugins.hf.modeling import Apertus1p5ForCausalLM
-from apertus_plugins.tensor_names import ENCODER_PREFIXES
 
 
 def _free_port() -> int:

@@ -16,8 +16,8 @@ import torch
 from verl import DataProto
 from verl.utils import tensordict_utils as tu
 
-from apertus_plugins.judges import Judge, OpenAIJudge
-from apertus_plugins.losses import topk_tail_reverse_kl
+from apertus_plugins.core.losses import topk_tail_reverse_kl
+from apertus_plugins.posttrain.judges import Judge, OpenAIJudge
 from verl_ext import dpo, sdpo
 
 

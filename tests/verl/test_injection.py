@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from apertus_plugins.chat.tokenize import ROLES
+from apertus_plugins.core.chat.tokenize import ROLES
 
 #: the issue's example: a user message that tries to close its turn, forge an assistant turn and a
 #: system block, and add a media slot, a BOS/EOS pair and a thinking delimiter
@@ -31,7 +31,7 @@ TEXT_ROLES = [ROLES.index(r) for r in ("system", "developer", "user", "tool")]
 
 def corpus(spec) -> str:
     """Every structure literal of the vocabulary, the aliases and legacy markup, around the issue's attack."""
-    from apertus_plugins.vocab import ALIASES, LEGACY_REWRITES
+    from apertus_plugins.core.vocab import ALIASES, LEGACY_REWRITES
 
     return " ".join([ATTACK, *spec.literal_to_id, *ALIASES, *LEGACY_REWRITES, "<s>", "</s>", ATTACK])
 
@@ -149,7 +149,7 @@ def test_offline_dpo_pairs_are_the_core_encoding(chat_tokenizer):
 def test_judge_requests_carry_the_text_as_one_user_message(chat_tokenizer):
     """The judge prompts travel as chat messages; the server owns their tokenization (vLLM with the
     plugin). The request holds the text as one user message, whose core encoding has no forged id."""
-    from apertus_plugins.judges import OpenAIJudge
+    from apertus_plugins.posttrain.judges import OpenAIJudge
 
     spec = chat_tokenizer.spec
     judge = OpenAIJudge(charter="@sample", base_url="http://127.0.0.1:9/v1", model="judge")

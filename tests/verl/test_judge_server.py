@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from apertus_plugins.judges import (
+from apertus_plugins.plugins import make_judge
+from apertus_plugins.posttrain.judges import (
     JudgeConfigError,
     JudgeResponseError,
     JudgeUnavailableError,
@@ -23,8 +24,7 @@ from apertus_plugins.judges import (
     expected_rating,
     sample_charter,
 )
-from apertus_plugins.plugins import make_judge
-from apertus_plugins.serve import free_port
+from apertus_plugins.testing.serve import free_port
 
 
 def test_rating_expectation_from_real_logprobs(judge_server):

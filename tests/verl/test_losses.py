@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from apertus_plugins import losses as L
+from apertus_plugins.core import losses as L
 
 torch.manual_seed(0)
 

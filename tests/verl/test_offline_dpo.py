@@ -1,6 +1,6 @@
 """Offline DPO data preparation: pair file -> ids through the core chat template -> one step's rows for verl.
 
-The ids are checked against the core's :class:`~apertus_plugins.chat.ChatTokenizer` on the tiny
+The ids are checked against the core's :class:`~apertus_plugins.core.chat.ChatTokenizer` on the tiny
 checkpoint's tokenizer and the loss masks against the core's SFT target mask; the rows go through
 verl's own padding, balancing and micro-batching utilities and the adapter's DPO loss on a tiny
 random causal LM. The trainer's Ray / TransferQueue / FSDP orchestration is not driven here (see
@@ -17,7 +17,7 @@ from verl.utils import tensordict_utils as tu
 from verl.workers.engine.utils import prepare_micro_batches
 from verl.workers.utils.padding import response_from_nested
 
-from apertus_plugins.targets import sft_mask
+from apertus_plugins.core.targets import sft_mask
 from verl_ext import dpo
 
 RECORDS = [

@@ -202,7 +202,7 @@ def test_rollout_stages_use_the_apertus_agent_loop_and_the_judge_stages_no_rewar
 
 def test_a_third_party_judge_with_only_the_abstract_methods_serves_both_stages():
     """A backend implementing only Judge.feedback and Judge.rate: the base class gives check and the batches."""
-    from apertus_plugins.judges import Judge
+    from apertus_plugins.posttrain.judges import Judge
     from verl_ext.dpo import judge_scores
     from verl_ext.sdpo import collect_feedback
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from apertus_plugins.plugins import registry
-from apertus_plugins.rewards import extract_answer
+from apertus_plugins.posttrain.rewards import extract_answer
 from verl_ext.rewards import _KeepSpecialTokens, compute_score
 
 CALL = '<|tools_prefix|>[{{"answer": {{"answer": {arg}}}}}]<|tools_suffix|>'
@@ -74,8 +74,8 @@ def test_exact_match_and_verl_compute_score_dispatch():
 def test_reward_manager_decode_keeps_the_tool_call_markers(tmp_path):
     from transformers import PreTrainedTokenizerFast
 
-    from apertus_plugins.chat import ChatTokenizer
-    from apertus_plugins.tokenizer_builder import build_test_tokenizer
+    from apertus_plugins.core.chat import ChatTokenizer
+    from apertus_plugins.testing.tokenizer_builder import build_test_tokenizer
 
     d = build_test_tokenizer(tmp_path)
     hf = PreTrainedTokenizerFast(tokenizer_file=str(d / "tokenizer.json"))
@@ -96,7 +96,7 @@ def test_verl_builds_the_apertus_reward_manager_from_the_rlvr_config(tmp_path):
     from transformers import PreTrainedTokenizerFast
     from verl.trainer.ppo.reward import load_reward_manager
 
-    from apertus_plugins.tokenizer_builder import build_test_tokenizer
+    from apertus_plugins.testing.tokenizer_builder import build_test_tokenizer
     from verl_ext import rewards
 
     rewards.register_reward_manager()

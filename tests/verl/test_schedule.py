@@ -16,7 +16,7 @@ from verl.utils.torch_functional import get_constant_schedule_with_warmup
 from verl.workers.config import FSDPOptimizerConfig
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
 
-from apertus_plugins.serve import free_port
+from apertus_plugins.testing.serve import free_port
 from verl_ext.schedule import SCHEDULES, LinearWarmupDecay, install_lr_schedule, warmup_steps
 
 

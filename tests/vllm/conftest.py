@@ -11,16 +11,16 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from apertus_plugins.serve import CPU_ARGS, VLLMServer  # noqa: E402
+from apertus_plugins.testing.serve import CPU_ARGS, VLLMServer  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[2] / "apertus_plugins" / "data"
+DATA = Path(__file__).resolve().parents[2] / "apertus_plugins" / "assets"
 MEDIA_LIMIT = {"image": 2, "audio": 2}
 
 
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory) -> Path:
     """The project's tiny random checkpoint in the released layout, with every tensor shaping the output."""
-    from apertus_plugins.checkpoint import write_checkpoint
+    from apertus_plugins.testing.checkpoint import write_checkpoint
 
     return write_checkpoint(tmp_path_factory.mktemp("ckpt") / "apertus-tiny", size="tiny", init="varied")
 

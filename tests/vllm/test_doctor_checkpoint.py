@@ -1,6 +1,6 @@
 """``apertus doctor`` on a small checkpoint in the released layout, and on copies broken one way each.
 
-The checkpoint comes from the project's writer (``apertus_plugins.checkpoint.write_checkpoint``):
+The checkpoint comes from the project's writer (``apertus_plugins.testing.checkpoint.write_checkpoint``):
 random weights, the test tokenizer with the 1.5 id layout, the chat templates, the generation
 config. Every breakage edits one file of a copy the way a real conversion or a careless stage
 would; the doctor must fail exactly the check about it (warn, for the layout skew) and pass
@@ -19,15 +19,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from apertus_plugins.core.vocab import VocabSpec
 from apertus_plugins.doctor import CHECKS, FAIL, PASS, WARN, run_doctor
-from apertus_plugins.vocab import VocabSpec
 
 OFFLINE = {c.id for c in CHECKS if c.group not in ("compare", "serve")}
 
 
 @pytest.fixture(scope="session")
 def good(tmp_path_factory) -> Path:
-    from apertus_plugins.checkpoint import write_checkpoint
+    from apertus_plugins.testing.checkpoint import write_checkpoint
 
     return write_checkpoint(tmp_path_factory.mktemp("doctor") / "good", seed=3)
 
@@ -194,7 +194,7 @@ def test_evidence_names_the_breakage(good, tmp_path):
 
 
 def test_a_sharded_bf16_checkpoint_passes(tmp_path):
-    from apertus_plugins.checkpoint import write_checkpoint
+    from apertus_plugins.testing.checkpoint import write_checkpoint
 
     ckpt = write_checkpoint(tmp_path / "sharded", dtype="bfloat16", shard_size="1MB")
     assert (ckpt / "model.safetensors.index.json").is_file()
@@ -206,8 +206,8 @@ def test_a_sharded_bf16_checkpoint_passes(tmp_path):
 
 def _dataset(prefix: Path, layout: str, tokenizer: Path) -> Path:
     """An indexed dataset with image documents in ``layout`` (and one without images)."""
-    from apertus_plugins.indexed import IndexedDatasetWriter
-    from apertus_plugins.media.image import image_placeholder_sequence, image_sequence, text_ids_from_tokenizer
+    from apertus_plugins.core.media.image import image_placeholder_sequence, image_sequence, text_ids_from_tokenizer
+    from apertus_plugins.data.indexed import IndexedDatasetWriter
 
     spec, text_ids = VocabSpec.from_tokenizer_dir(tokenizer), text_ids_from_tokenizer(tokenizer)
     doc = np.concatenate([[spec.bos_id], image_sequence(np.arange(6).reshape(2, 3), spec, layout, text_ids),
@@ -221,7 +221,7 @@ def _dataset(prefix: Path, layout: str, tokenizer: Path) -> Path:
 def _manifest(prefixes: list[Path], out: Path, layouts: dict[Path, str] | None = None) -> Path:
     """A manifest of ``prefixes``; ``layouts`` records each one's image layout in its metadata, as the
     offline pipeline does."""
-    from apertus_plugins.manifest import write_manifest
+    from apertus_plugins.data.manifest import write_manifest
 
     write_manifest(prefixes, out)
     if layouts:

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from apertus_plugins.doctor import CHECKS, FAIL, PASS, WARN, run_doctor
-from apertus_plugins.evaluation import degeneration
+from apertus_plugins.posttrain.evaluation import degeneration
 
 pytestmark = pytest.mark.slow
 

@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 from conftest import data_url
 
-from apertus_plugins.client import http_json
-from apertus_plugins.media import audio as media_audio
+from apertus_plugins.core.media import audio as media_audio
+from apertus_plugins.infra.client import http_json
 
 pytestmark = pytest.mark.slow
 MAX_TOKENS = 8

@@ -15,8 +15,8 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.parser.parser_manager import ParserManager
 
 import vllm_model
-from apertus_plugins.tokenizer_builder import build_test_tokenizer
-from apertus_plugins.vocab import VocabSpec
+from apertus_plugins.core.vocab import VocabSpec
+from apertus_plugins.testing.tokenizer_builder import build_test_tokenizer
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}}}},

@@ -15,10 +15,10 @@ import threading
 import pytest
 from conftest import DATA
 
-from apertus_plugins.chat import ChatTokenizer, MediaItem
-from apertus_plugins.client import Client, http_json
-from apertus_plugins.media import audio as media_audio
-from apertus_plugins.media import image as media_image
+from apertus_plugins.core.chat import ChatTokenizer, MediaItem
+from apertus_plugins.core.media import audio as media_audio
+from apertus_plugins.core.media import image as media_image
+from apertus_plugins.infra.client import Client, http_json
 
 pytestmark = pytest.mark.slow
 

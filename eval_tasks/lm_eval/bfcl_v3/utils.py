@@ -3,7 +3,7 @@
 The tools of each item go into the developer block through the chat template (the request's
 ``chat_template_kwargs.tools``); the model's calls are parsed with the core's Apertus parser
 (one JSON array between the tool-call markers, calls inside thinking included) and scored with
-BFCL's AST rules (:func:`apertus_plugins.evaluation.score_calls`). Generation stops after a
+BFCL's AST rules (:func:`apertus_plugins.posttrain.evaluation.score_calls`). Generation stops after a
 complete call, the stop kept in the output.
 
 Data in BFCL's published layout (the files of the gorilla-llm/Berkeley-Function-Calling-Leaderboard
@@ -20,7 +20,7 @@ from typing import Any
 
 from lm_eval.api.task import ConfigurableTask
 
-from apertus_plugins.evaluation import bfcl_tools, parse_calls, score_calls
+from apertus_plugins.posttrain.evaluation import bfcl_tools, parse_calls, score_calls
 from eval_tasks.data import DataPathError, local_path
 from eval_tasks.lm_eval.common import with_degeneration
 

@@ -1,6 +1,6 @@
 """Charter alignment: an OpenAI-compatible judge that sees the charter rates each answer 0-9; the
 score is the expected value under the judge's distribution over the rating tokens (the core's
-judge client, :class:`apertus_plugins.judges.OpenAIJudge`).
+judge client, :class:`apertus_plugins.posttrain.judges.OpenAIJudge`).
 
 Settings (environment):
 
@@ -21,8 +21,8 @@ import os
 from functools import cache
 from typing import Any
 
-from apertus_plugins.evaluation import strip_thinking
-from apertus_plugins.judges import JudgeError, OpenAIJudge
+from apertus_plugins.posttrain.evaluation import strip_thinking
+from apertus_plugins.posttrain.judges import JudgeError, OpenAIJudge
 from eval_tasks.data import load_splits
 from eval_tasks.lm_eval.common import with_degeneration
 

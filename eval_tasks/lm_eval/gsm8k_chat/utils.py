@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from apertus_plugins.evaluation import extract_number
+from apertus_plugins.posttrain.evaluation import extract_number
 from eval_tasks.data import load_splits
 from eval_tasks.lm_eval.common import with_degeneration
 

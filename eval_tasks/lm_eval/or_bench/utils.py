@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from apertus_plugins.evaluation import is_refusal
+from apertus_plugins.posttrain.evaluation import is_refusal
 from eval_tasks.data import load_splits
 from eval_tasks.lm_eval.common import with_degeneration
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import string
 from typing import Any
 
-from apertus_plugins.evaluation import extract_choice
+from apertus_plugins.posttrain.evaluation import extract_choice
 from eval_tasks.data import load_split, local_path
 from eval_tasks.lmms_eval.common import ApertusTask
 

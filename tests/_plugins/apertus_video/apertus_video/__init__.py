@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from apertus_plugins.hooks import Modality, hookimpl
+from apertus_plugins.plugins.hooks import Modality, hookimpl
 
 PATCH = 16
 
@@ -30,7 +30,7 @@ def _frames(data: bytes) -> np.ndarray:
 
 def probe(data: bytes) -> tuple[list[int], int]:
     """``[T, H, W]`` after the released resize, and the number of codes of all frames."""
-    from apertus_plugins.media.image import image_grid, resized_size
+    from apertus_plugins.core.media.image import image_grid, resized_size
 
     t, h, w, _ = _frames(data).shape
     rows, cols = image_grid(h, w, "released")
@@ -39,7 +39,7 @@ def probe(data: bytes) -> tuple[list[int], int]:
 
 def load(data: bytes) -> np.ndarray:
     """Pixels ``[T, 3, H, W]`` in [-1, 1], each frame preprocessed as the core preprocesses images."""
-    from apertus_plugins.media.image import preprocess_image
+    from apertus_plugins.core.media.image import preprocess_image
 
     return np.stack([preprocess_image(frame, "released").pixels for frame in _frames(data)])
 
@@ -61,7 +61,7 @@ class FrameEncoder:
 
 def build_sequence(codes: Any, spec: Any, text_ids: Any = None, layout: str = "inference") -> np.ndarray:
     """``<|video_start|>``, each frame's image sequence in the image ``layout``, ``<|video_end|>``."""
-    from apertus_plugins.media.image import image_sequence
+    from apertus_plugins.core.media.image import image_sequence
 
     frames = [image_sequence(c, spec, layout, text_ids=text_ids) for c in np.asarray(codes)]
     return np.concatenate([[spec.id("video_start")], *frames, [spec.id("video_end")]]).astype(np.int64)

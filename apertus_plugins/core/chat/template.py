@@ -1,0 +1,280 @@
+"""The Apertus 1.5 chat template, in two variants, from one Jinja source.
+
+The template renders the bytes of the released (canonical) Apertus 1.5 chat template for every
+conversation that template accepts (checked in the core suite against renders of the released
+template, ``tests/core/data/chat_canonical.json``). ``inference`` inserts the default system
+prompt when the conversation has none; ``training`` renders an explicit empty system block, so
+no user-controlled text can occupy the system slot. :func:`jinja_template` returns the source
+for a Hugging Face ``chat_template``; :func:`render` renders from Python through the same source
+after :func:`normalize_messages` has checked the messages.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+from typing import Any
+
+__all__ = ["VARIANTS", "ChatFormatError", "compile_template", "jinja_template", "media_placeholders",
+           "normalize_messages", "reasoning_as_blocks", "render"]
+
+VARIANTS = ("inference", "training")
+TEXT_PARTS = ("text",)
+ROLES = ("system", "user", "assistant", "tool")
+BLOCKS = ("thoughts", "response", "tool_calls", "tool_outputs")
+
+
+class ChatFormatError(ValueError):
+    """A conversation the chat format cannot render; the message names the message index."""
+
+
+@cache
+def _source() -> str:
+    return (resources.files(__package__) / "apertus1p5.jinja").read_text(encoding="utf-8")
+
+
+@cache
+def media_placeholders() -> dict[str, str]:
+    """Content-part type -> placeholder literal, for every registered modality (the plugin
+    registry's ``part_types`` and ``placeholder``; the built-ins give ``image``, ``image_url`` and
+    ``input_image`` -> ``<|image|>``, ``audio``, ``audio_url`` and ``input_audio`` -> ``<|audio|>``).
+    Built once per process, as the registry is; do not modify the returned mapping."""
+    from apertus_plugins.core.vocab import default_spec
+    from apertus_plugins.plugins import registry
+
+    spec = default_spec()
+    return {t: spec.literal(m.placeholder) for m in registry().modalities.values() for t in m.part_types}
+
+
+def jinja_template(variant: str = "inference") -> str:
+    """The Jinja source of the chat template, for ``tokenizer.chat_template``.
+
+    Its first line sets the media part types and their placeholders from the plugin registry
+    (:func:`media_placeholders`), so a checkpoint written with a plugin modality installed renders
+    that modality's parts too.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown template variant {variant!r}; variants are {', '.join(VARIANTS)}")
+    media = "{%- set apertus_media = " + json.dumps(media_placeholders(), ensure_ascii=False) + " -%}\n"
+    if variant == "training":
+        return "{%- set apertus_training_variant = true -%}\n" + media + _source()
+    return media + _source()
+
+
+def _raise(message: str) -> None:
+    raise ChatFormatError(message)
+
+
+@cache
+def compile_template(source: str) -> Any:
+    """Compile a chat template source as ``transformers`` does for ``apply_chat_template``.
+
+    A sandboxed environment with ``trim_blocks``/``lstrip_blocks``, the loop controls, the
+    ``tojson`` filter and ``raise_exception``; used for this package's template and for the one a
+    checkpoint ships (``apertus doctor``).
+    """
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    # the same filter and global transformers installs for chat templates
+    env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False: json.dumps(
+        x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+    env.globals["raise_exception"] = _raise
+    return env.from_string(source)
+
+
+def _compiled(variant: str) -> Any:
+    return compile_template(jinja_template(variant))
+
+
+def _check_parts(parts: Any, where: str, text_only: bool) -> None:
+    for k, part in enumerate(parts):
+        if isinstance(part, str):
+            continue
+        if not isinstance(part, dict) or "type" not in part:
+            raise ChatFormatError(f"{where}, part {k}: a content part must be a mapping with a 'type', got {part!r:.80}")
+        kind = part["type"]
+        if kind == "text":
+            if not isinstance(part.get("text"), str):
+                raise ChatFormatError(f"{where}, part {k}: a text part needs a string 'text'")
+        elif text_only:
+            raise ChatFormatError(f"{where}, part {k}: only text parts can stand here, got {kind!r}")
+        elif kind not in media_placeholders():
+            raise ChatFormatError(
+                f"{where}, part {k}: unknown content part type {kind!r} (expected one of "
+                f"{', '.join(TEXT_PARTS + tuple(media_placeholders()))})")
+
+
+def _text_of(parts: list[Any]) -> str:
+    return "".join(p if isinstance(p, str) else p["text"] for p in parts)
+
+
+def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Check the messages and return them in the shape the released template renders.
+
+    The released (canonical) shapes pass unchanged: string contents, user content as
+    ``{"parts": [...]}`` (``text`` parts and the media part types of the registered modalities:
+    :func:`media_placeholders`), assistant content as a string or as
+    ``{"blocks": [...]}`` (``thoughts``, ``response``, ``tool_calls``, ``tool_outputs``), tool calls
+    with JSON-string arguments. OpenAI-style lists of parts become the canonical shape (user:
+    ``{"parts": ...}``; system, assistant and tool: their text joined); tool-call arguments given
+    as an object are kept (the template writes them as JSON). ``reasoning_content`` is ignored, as
+    by the released template: thinking is rendered from ``thoughts`` blocks
+    (:func:`reasoning_as_blocks` converts). Raises :class:`ChatFormatError` naming the message for
+    what the format rejects: a non-mapping message, an unknown role, a system message that is not
+    first, a tool message outside an assistant turn, an unknown part or block type, malformed tool
+    calls, and tool-output blocks whose entries are not ``{"output": ...}`` (the released template
+    would silently render those empty).
+    """
+    if not isinstance(messages, list):
+        raise ChatFormatError("messages must be a list")
+    out: list[dict[str, Any]] = []
+    in_turn = False
+    for i, m in enumerate(messages):
+        where = f"message {i}"
+        if not isinstance(m, dict) or "role" not in m:
+            raise ChatFormatError(f"{where}: a message must be a mapping with a 'role'")
+        role = m["role"]
+        if role not in ROLES:
+            raise ChatFormatError(f"{where}: unknown role {role!r} (expected one of {', '.join(ROLES)})")
+        m = dict(m)
+        c = m.get("content")
+        if role == "system" and i != 0:
+            raise ChatFormatError(f"{where}: a system message may only be the first message")
+        if isinstance(c, list):
+            _check_parts(c, where, text_only=role != "user")
+            m["content"] = {"parts": c} if role == "user" else _text_of(c)
+        elif role == "user" and isinstance(c, dict) and "parts" in c:
+            _check_parts(c["parts"], where, text_only=False)
+        if role == "user":
+            in_turn = False
+        elif role == "assistant":
+            in_turn = True
+            _check_assistant(m, where)
+        elif role == "tool" and not in_turn:
+            raise ChatFormatError(f"{where}: a tool message must follow an assistant message")
+        out.append(m)
+    return out
+
+
+def _check_calls(calls: Any, where: str) -> None:
+    if not isinstance(calls, list):
+        raise ChatFormatError(f"{where}: tool calls must be a list")
+    for k, call in enumerate(calls):
+        fn = call.get("function") or call if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ChatFormatError(f"{where}, call {k}: a tool call needs a string name")
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                json.loads(args)
+            except json.JSONDecodeError as exc:
+                raise ChatFormatError(f"{where}, call {k} ({fn['name']}): arguments are not JSON ({exc})") from exc
+        elif not isinstance(args, dict):
+            raise ChatFormatError(f"{where}, call {k} ({fn['name']}): arguments must be a JSON string or an object")
+
+
+def _check_assistant(m: dict[str, Any], where: str) -> None:
+    c = m.get("content")
+    if isinstance(c, dict) and "blocks" in c:
+        for k, b in enumerate(c["blocks"]):
+            bwhere = f"{where}, block {k}"
+            if not isinstance(b, dict) or b.get("type") not in BLOCKS:
+                raise ChatFormatError(f"{bwhere}: unknown assistant block {b!r:.80} (types are {', '.join(BLOCKS)})")
+            if b["type"] == "tool_calls":
+                _check_calls(b.get("calls"), bwhere)
+            elif b["type"] == "tool_outputs":
+                outs = b.get("outputs")
+                if not isinstance(outs, list) or not all(isinstance(o, dict) and "output" in o for o in outs):
+                    raise ChatFormatError(f"{bwhere}: tool outputs must be a list of {{\"output\": ...}} mappings")
+    if m.get("tool_calls"):
+        _check_calls(m["tool_calls"], f"{where}, tool_calls")
+
+
+def reasoning_as_blocks(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI-style assistant messages with ``reasoning_content`` as the canonical blocks form.
+
+    The released template renders thinking only from ``thoughts`` blocks (it ignores
+    ``reasoning_content``), and a conversation uses one assistant form throughout; so when any
+    assistant message carries ``reasoning_content`` (or ``reasoning``), every assistant message in
+    string form becomes ``{"blocks": [thoughts, response, tool_calls]}`` (the blocks it has), tool
+    calls as ``{"name", "arguments"}`` with JSON-string arguments. Other conversations are
+    returned unchanged. Used for SFT data (``apertus tokenize sft``).
+    """
+    def reasoning(m: dict[str, Any]) -> Any:
+        return m.get("reasoning_content") or m.get("reasoning")
+
+    if not any(m.get("role") == "assistant" and reasoning(m) for m in messages):
+        return messages
+    out = []
+    for m in normalize_messages(messages):
+        c = m.get("content")
+        if m["role"] != "assistant" or not isinstance(c, str):
+            out.append(m)
+            continue
+        blocks: list[dict[str, Any]] = []
+        if reasoning(m):
+            blocks.append({"type": "thoughts", "text": reasoning(m)})
+        if c:
+            blocks.append({"type": "response", "text": c})
+        if m.get("tool_calls"):
+            calls = []
+            for call in m["tool_calls"]:
+                fn = call.get("function") or call
+                args = fn.get("arguments", {})
+                calls.append({"name": fn["name"],
+                              "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)})
+            blocks.append({"type": "tool_calls", "calls": calls})
+        rest = {k: v for k, v in m.items() if k not in ("content", "reasoning_content", "reasoning", "tool_calls")}
+        out.append({**rest, "content": {"blocks": blocks}})
+    return out
+
+
+def render(
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = False,
+    enable_thinking: bool = False,
+    continue_assistant_message: bool = False,
+    variant: str = "inference",
+    bos_token: str = "<s>",
+    template: str | None = None,
+) -> str:
+    """Render a conversation to the exact string the model was trained on.
+
+    ``template`` renders with another template source (a checkpoint's) instead of ``variant``'s.
+    """
+    return render_normalized(normalize_messages(messages), tools, add_generation_prompt, enable_thinking,
+                             continue_assistant_message, variant, bos_token, template)
+
+
+def render_normalized(
+    msgs: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = False,
+    enable_thinking: bool = False,
+    continue_assistant_message: bool = False,
+    variant: str = "inference",
+    bos_token: str = "<s>",
+    template: str | None = None,
+) -> str:
+    """Render messages that :func:`normalize_messages` has already checked."""
+    from jinja2 import TemplateError
+
+    compiled = _compiled(variant) if template is None else compile_template(template)
+    try:
+        return compiled.render(
+            messages=msgs,
+            tools=tools or None,
+            add_generation_prompt=add_generation_prompt,
+            enable_thinking=enable_thinking,
+            continue_assistant_message=continue_assistant_message,
+            bos_token=bos_token,
+        )
+    except ChatFormatError:
+        raise
+    except (TemplateError, TypeError, ValueError) as exc:
+        raise ChatFormatError(f"the conversation cannot be rendered: {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,20 @@
+"""Offline tokenization: images, audio and conversations into Megatron indexed datasets.
+
+``apertus tokenize pretrain|sft ...`` on the command line; from Python::
+
+    from apertus_plugins.data.offline import TokenizeConfig, tokenize
+    report = tokenize(TokenizeConfig("pretrain", ["images/"], out="data/images",
+                                     tokenizer="tok/", checkpoint="ckpt/"))
+
+The stages (see each module): :mod:`.sources` (inputs, planning shards, header-only shapes),
+:mod:`.plan` (the deterministic, shape-uniform batches as per-shard files), :mod:`.worker` (the
+tasks: plan a shard, decode / encode / write a batch, merge a part), :mod:`.execute` (in process,
+local processes, or Ray tasks and encoder actors), :mod:`.run` (the driver: resume, merge,
+manifest, report), :mod:`.progress` (items/s, encoder utilisation, skips, ETA) and
+:mod:`.storage` (local paths and fsspec URLs).
+"""
+
+from .config import IMAGE_LAYOUT_DEFAULT, TokenizeConfig
+from .run import REPORT_FORMAT, RunError, format_report, tokenize
+
+__all__ = ["IMAGE_LAYOUT_DEFAULT", "TokenizeConfig", "REPORT_FORMAT", "RunError", "format_report", "tokenize"]

@@ -1,0 +1,250 @@
+"""The settings of one offline tokenization run, and what of them decides the output bytes.
+
+A :class:`TokenizeConfig` holds everything ``apertus tokenize`` takes. Its :meth:`fingerprint`
+covers exactly the settings that change what is written or how it is planned (inputs, tokenizer,
+encoder checkpoint, layouts, policies, batching, planning shards, the merge); the settings that
+only change how the work is scheduled (worker count, a Ray address, encoder actors, the device,
+progress bars) are left out, so a run resumed with a different worker count or on a Ray cluster
+continues the same plan and writes the same bytes.
+
+``sources``, ``out`` and ``work_dir`` may be URLs of any fsspec filesystem (:mod:`.storage`);
+the tokenizer and the checkpoint are local folders (on every node of a Ray cluster).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .storage import canonical, normalize
+
+__all__ = ["KINDS", "IMAGE_LAYOUT_DEFAULT", "AUDIO_TASKS", "CAPTIONS", "MERGES", "DEVICES", "Stream", "TokenizeConfig",
+           "default_workers"]
+
+#: What a run produces: ``pretrain`` (one media item per document) or ``sft`` (one conversation).
+KINDS = ("pretrain", "sft")
+
+#: The image layout datasets are written in unless ``--image-layout`` says otherwise: the layout
+#: of the public Megatron tokenization pipeline, i.e. of the data Apertus 1.5 was trained on
+#: (SPEC.md 2.1). Serving uses the ``inference`` layout; the manifest records the layout so the
+#: skew is visible and checkable.
+IMAGE_LAYOUT_DEFAULT = "training"
+
+#: Pretraining audio documents: ``auto`` transcribes when a transcript is present, else audio only.
+AUDIO_TASKS = ("auto", "audio", "transcribe", "translate", "annotate")
+
+#: Where a caption goes in a pretraining image document.
+CAPTIONS = ("after", "before", "ignore")
+
+#: What the merge writes: ``single`` (one dataset per stream, ``OUT.bin``/``.idx``, as before) or
+#: ``parts`` (one dataset per plan part, ``OUT.partNNNNNN.bin``/``.idx``, merged in parallel and
+#: listed in order in the manifest; no pass over all the data on one node).
+MERGES = ("single", "parts")
+
+#: Encoder devices: ``auto`` (CUDA when the machine or the Ray cluster has a GPU, else CPU).
+DEVICES = ("auto", "cpu", "cuda")
+
+#: Files of a folder per planning shard, and bytes of a JSONL file per planning shard.
+PLAN_FILES_DEFAULT = 4096
+PLAN_BYTES_DEFAULT = 256 * 2**20
+
+
+def default_workers() -> int:
+    """Local worker processes by default: the CPU count, at most 8."""
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One output dataset of a run: ``PREFIX + suffix`` with its token dtype."""
+
+    suffix: str
+    dtype: str  # numpy dtype name
+    what: str
+
+
+@dataclass
+class TokenizeConfig:
+    """Everything a run needs. See ``apertus tokenize --help`` for the user-facing description.
+
+    Attributes:
+        kind: ``"pretrain"`` or ``"sft"``.
+        sources: image/audio files and folders, WebDataset ``.tar`` shards (pretrain); JSONL files (sft).
+        out: the output prefix (``OUT.bin``/``OUT.idx`` and the side files).
+        tokenizer: a tokenizer directory (text ids, the image size header, the id layout).
+        checkpoint: the media encoders' checkpoint directory; needed when any item has media.
+        work_dir: shards, plan and checkpoints (default ``OUT.work``).
+        image_layout: ``training`` (default) or ``inference`` (SPEC.md 2.1).
+        resize_policy / audio_policy: the core's named preprocessing policies.
+        audio_task: pretraining audio documents (see :data:`AUDIO_TASKS`).
+        captions: where a caption of a pretraining image goes (see :data:`CAPTIONS`).
+        bos / eos: pretraining documents start with BOS / end with EOS (the end-of-document token).
+        without_reasoning: sft: also write ``OUT.noreason`` with the reasoning spans removed.
+        mask_stream: sft: also write the token-aligned loss mask as ``OUT.mask`` (uint8).
+        media_root: sft: relative media paths are resolved against it (default: the JSONL's folder).
+        batch_size / batch_codes: the most items and media codes per batch.
+        window: consecutive source items grouped by shape together (pretrain).
+        precision: the encoders' precision contract (``float32`` or ``tf32``).
+        plan_files / plan_bytes: the planning shards: files of a folder, bytes of a JSONL file.
+        merge: ``single`` or ``parts`` (see :data:`MERGES`).
+        workers / ray_address / encoders / device / progress / keep_work / restart / plan_only: how
+            the run is executed (``encoders``: encoder actors on Ray, 0 for one per GPU or per two
+            CPUs; ``plan_only``: stop after the plan, keeping the work directory).
+    """
+
+    kind: str
+    sources: list[str]
+    out: str
+    tokenizer: str
+    checkpoint: str | None = None
+    work_dir: str | None = None
+    image_layout: str = IMAGE_LAYOUT_DEFAULT
+    resize_policy: str = "released"
+    audio_policy: str = "released"
+    audio_task: str = "auto"
+    captions: str = "after"
+    bos: bool = True
+    eos: bool = True
+    without_reasoning: bool = False
+    mask_stream: bool = False
+    media_root: str | None = None
+    batch_size: int = 32
+    batch_codes: int = 65536
+    window: int = 4096
+    precision: str = "float32"
+    plan_files: int = PLAN_FILES_DEFAULT
+    plan_bytes: int = PLAN_BYTES_DEFAULT
+    merge: str = "single"
+    # execution only: never part of the fingerprint
+    workers: int = field(default_factory=default_workers)
+    ray_address: str | None = None
+    encoders: int = 0
+    device: str = "auto"
+    progress: bool = True
+    keep_work: bool = False
+    restart: bool = False
+    plan_only: bool = False
+
+    _EXECUTION = ("workers", "ray_address", "encoders", "device", "progress", "keep_work", "restart", "work_dir",
+                  "plan_only")
+
+    def __post_init__(self) -> None:
+        from apertus_plugins.core.media.audio import AUDIO_POLICIES
+        from apertus_plugins.core.media.image import LAYOUTS, POLICIES
+
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown kind {self.kind!r}; kinds are {', '.join(KINDS)}")
+        if not self.sources:
+            raise ValueError("no input sources given")
+        if self.image_layout not in LAYOUTS:
+            raise ValueError(f"unknown image layout {self.image_layout!r}; layouts are {', '.join(LAYOUTS)}")
+        if self.resize_policy not in POLICIES:
+            raise ValueError(f"unknown resize policy {self.resize_policy!r}; policies are {', '.join(POLICIES)}")
+        if self.audio_policy not in AUDIO_POLICIES:
+            raise ValueError(f"unknown audio policy {self.audio_policy!r}; policies are {', '.join(AUDIO_POLICIES)}")
+        if self.audio_task not in AUDIO_TASKS:
+            raise ValueError(f"unknown audio task {self.audio_task!r}; tasks are {', '.join(AUDIO_TASKS)}")
+        if self.captions not in CAPTIONS:
+            raise ValueError(f"unknown caption placement {self.captions!r}; choose {', '.join(CAPTIONS)}")
+        for name in ("batch_size", "batch_codes", "window", "plan_files", "plan_bytes"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.workers < 0:
+            raise ValueError(f"workers must be 0 (in this process) or more, got {self.workers}")
+        if self.encoders < 0:
+            raise ValueError(f"encoders must be 0 (one per GPU, or per two CPUs) or more, got {self.encoders}")
+        if self.merge not in MERGES:
+            raise ValueError(f"unknown merge {self.merge!r}; choose {', '.join(MERGES)}")
+        if self.device.split(":", 1)[0] not in DEVICES:
+            raise ValueError(f"unknown device {self.device!r}; devices are auto, cpu, cuda and cuda:N")
+        if self.precision == "tf32" and self.device == "cpu":
+            raise ValueError("--precision tf32 needs a CUDA device; use float32 on CPU")
+        if self.kind == "pretrain" and (self.without_reasoning or self.mask_stream):
+            raise ValueError("--without-reasoning and --mask-stream apply to sft runs only")
+        if not Path(self.tokenizer, "tokenizer.json").is_file():
+            raise ValueError(f"{self.tokenizer}: not a tokenizer directory (no tokenizer.json)")
+        if self.checkpoint is not None and not Path(self.checkpoint).is_dir():
+            raise ValueError(f"{self.checkpoint}: no such checkpoint directory")
+
+    # ------------------------------------------------------------------ paths
+    @property
+    def work(self) -> str:
+        """The work directory (a path or a URL): plan, shards, batch records, lock."""
+        return self.work_dir if self.work_dir else f"{self.out}.work"
+
+    def streams(self) -> list[Stream]:
+        """The datasets this run writes, the main one first."""
+        out = [Stream("", "int32", "tokens")]
+        if self.kind == "sft":
+            if self.mask_stream:
+                out.append(Stream(".mask", "uint8", "loss mask of the tokens"))
+            if self.without_reasoning:
+                out.append(Stream(".noreason", "int32", "tokens, reasoning spans removed"))
+                if self.mask_stream:
+                    out.append(Stream(".noreason.mask", "uint8", "loss mask, reasoning spans removed"))
+        return out
+
+    def prefix(self, stream: Stream) -> str:
+        """The stream's dataset prefix, normalized as Megatron's preflight compares prefixes."""
+        return normalize(f"{self.out}{stream.suffix}")
+
+    def part_prefix(self, part: int, stream: Stream) -> str:
+        """With ``merge="parts"``: the stream's dataset of one plan part."""
+        return normalize(f"{self.out}.part{part:06d}{stream.suffix}")
+
+    def manifests(self) -> dict[str, list[Stream]]:
+        """Manifest file -> the streams it lists: each token dataset with its mask stream (used together)."""
+        out: dict[str, list[Stream]] = {}
+        for s in self.streams():
+            base = s.suffix.removesuffix(".mask")
+            out.setdefault(normalize(f"{self.out}{base}") + ".manifest.json", []).append(s)
+        return out
+
+    @property
+    def report_path(self) -> str:
+        return f"{self.out}.report.json"
+
+    # ------------------------------------------------------------------ identity
+    def settings(self) -> dict[str, Any]:
+        """The output-deciding settings (JSON-ready)."""
+        data = {k: v for k, v in asdict(self).items() if k not in self._EXECUTION}
+        data["sources"] = [canonical(s) for s in self.sources]
+        data["tokenizer"] = os.path.abspath(self.tokenizer)
+        data["checkpoint"] = os.path.abspath(self.checkpoint) if self.checkpoint else None
+        data["media_root"] = canonical(self.media_root) if self.media_root else None
+        return data
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Settings plus digests of the tokenizer files and the checkpoint's file listing."""
+        return {
+            "settings": self.settings(),
+            "tokenizer_sha256": _digest_files(Path(self.tokenizer), ("tokenizer.json", "tokenizer_config.json")),
+            "checkpoint_files": _listing(Path(self.checkpoint)) if self.checkpoint else None,
+        }
+
+
+def _digest_files(folder: Path, names: tuple[str, ...]) -> str:
+    h = hashlib.sha256()
+    for n in names:
+        f = folder / n
+        h.update(n.encode())
+        h.update(f.read_bytes() if f.is_file() else b"<absent>")
+    return h.hexdigest()
+
+
+def _listing(folder: Path) -> list[list[Any]]:
+    """Name, size and modification time of every file of a checkpoint (hashing weights would be slow)."""
+    out = []
+    for f in sorted(folder.rglob("*")):
+        if f.is_file():
+            st = f.stat()
+            out.append([str(f.relative_to(folder)), st.st_size, st.st_mtime_ns])
+    return out
+
+
+def canonical_json(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

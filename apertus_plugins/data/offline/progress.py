@@ -1,0 +1,100 @@
+"""The progress view of a long run: items/s, encoder utilisation, skipped items by reason, ETA.
+
+:class:`Progress` follows the encode stage: a tqdm bar in the terminal (rate, ETA, and in its
+postfix the encoder utilisation and the skipped items by reason) and the same figures in
+``WORK/progress.json``, rewritten every few seconds, for a person or a script watching the job;
+the final figures go into the report (``run.progress``).
+
+Encoder utilisation is the share of the encoder processes' wall time spent in the encoders, from
+the moment each loaded its encoders: summed over the encoder processes (Ray actors, or local
+workers, which also decode and write), seconds inside encoder calls over seconds since loading.
+``encoder_share_of_stage`` divides the same seconds by (encoder processes x the whole encode
+stage), start-up included.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+from apertus_plugins.data.offline import storage
+
+__all__ = ["Progress", "bar"]
+
+
+def bar(enabled: bool, **kw: Any) -> Any:
+    """A tqdm bar on stderr (disabled with ``--no-progress``)."""
+    from tqdm import tqdm
+
+    return tqdm(disable=not enabled, dynamic_ncols=True, file=sys.stderr, **kw)
+
+
+class Progress:
+    """Figures of the encode stage (see the module docstring)."""
+
+    def __init__(self, where: str | None, total: int, done: int, encoders: int, enabled: bool,
+                 skipped: Counter[str] | None = None, every: float = 5.0) -> None:
+        self.where, self.total, self.initial, self.encoders = where, total, done, max(1, encoders)
+        self.items = 0
+        self.encode_s = 0.0
+        self.busy_s = 0.0
+        self.skipped: Counter[str] = Counter(skipped or {})
+        self.clocks: dict[tuple[str, int], tuple[float, float]] = {}  # encoder process -> (busy, uptime)
+        self.t0 = time.perf_counter()
+        self.every = every
+        self._shown = self._saved = 0.0
+        self.bar = bar(enabled, desc="encode", unit=" item", total=total, initial=done)
+
+    def update(self, record: dict[str, Any], items: int) -> None:
+        self.items += items
+        self.encode_s += float(record.get("encode_s", 0.0))
+        self.busy_s += float(record.get("seconds", 0.0))
+        self.skipped.update(s["reason"] for s in record.get("skipped", ()))
+        enc = record.get("encoder") or {}
+        if "uptime_s" in enc:
+            key = (enc["host"], enc["pid"])
+            self.clocks[key] = max(self.clocks.get(key, (0.0, 0.0)), (enc["busy_s"], enc["uptime_s"]),
+                                   key=lambda c: c[1])
+        self.bar.update(items)
+        now = time.perf_counter()
+        if now - self._shown >= 1.0:
+            self._shown = now
+            self.bar.set_postfix_str(self._postfix(), refresh=False)
+        if self.where and now - self._saved >= self.every:
+            self._saved = now
+            storage.write_json(self.where, self.stats())
+
+    def _postfix(self) -> str:
+        s = self.stats()
+        skipped = ", ".join(f"{n} {r}" for r, n in sorted(self.skipped.items())) or "none"
+        return f"encoder {s['encoder_utilisation']:.0%}, skipped: {skipped}"
+
+    def stats(self) -> dict[str, Any]:
+        elapsed = time.perf_counter() - self.t0
+        rate = self.items / elapsed if elapsed > 0 else 0.0
+        left = self.total - self.initial - self.items
+        busy = sum(b for b, _u in self.clocks.values())
+        up = sum(u for _b, u in self.clocks.values())
+        return {
+            "items_done": self.initial + self.items,
+            "items_total": self.total,
+            "items_per_s": round(rate, 2),
+            "elapsed_s": round(elapsed, 3),
+            "eta_s": round(left / rate, 1) if rate > 0 else None,
+            "encoders": self.encoders,
+            "encoder_s": round(self.encode_s, 3),
+            "encoder_utilisation": round(busy / up, 4) if up > 0 else 0.0,
+            "encoder_share_of_stage": round(self.encode_s / (self.encoders * elapsed), 4) if elapsed > 0 else 0.0,
+            "encoder_share_of_batch_time": round(self.encode_s / self.busy_s, 4) if self.busy_s > 0 else 0.0,
+            "skipped_by_reason": dict(sorted(self.skipped.items())),
+        }
+
+    def close(self) -> dict[str, Any]:
+        self.bar.set_postfix_str(self._postfix(), refresh=False)
+        self.bar.close()
+        out = self.stats()
+        if self.where:
+            storage.write_json(self.where, out)
+        return out

@@ -1,0 +1,681 @@
+"""The driver: list, plan, encode and merge as parallel tasks (or resume them); manifest and report.
+
+Layout on disk for ``--out OUT`` (a local path or a URL of any fsspec filesystem)::
+
+    OUT.bin, OUT.idx                 the merged dataset (int32 ids, one sequence per document)
+    OUT.partNNNNNN.bin/.idx          --merge parts: one dataset per plan part instead, in order
+    OUT.manifest.json                the core's manifest of OUT (or of its parts, in order), with how
+                                     it was made under "metadata"
+    OUT.mask.bin/.idx                sft, --mask-stream: the token-aligned loss mask (uint8), in OUT's manifest
+    OUT.noreason.bin/.idx            sft, --without-reasoning: the copy without reasoning spans
+    OUT.noreason.mask.bin/.idx       both of the above
+    OUT.noreason.manifest.json       the copy's manifest (with its mask stream)
+    OUT.report.json                  the summary report (items written, skipped with reasons, tokens, timing)
+    OUT.work/                        while running (removed after success unless --keep-work):
+        lock                         held by the running driver (flock; local work directories)
+        config.json                  the run's settings, read by every worker
+        progress.json                the progress view (items/s, encoder utilisation, skips, ETA)
+        plan/, plan.json             the plan, as per-shard files (see :mod:`.plan`)
+        shards/pNNNNNN/bNNNNNNN*.bin/.idx    one Megatron indexed dataset per batch and stream
+        records/pNNNNNN/bNNNNNNN.json        a batch's checkpoint: written last, after its shards
+        merged/pNNNNNN*.bin/.idx, .json      a part's merged shards and its record (--merge single)
+
+The stages, each a set of independent tasks that a resumed run skips where they finished:
+listing (the driver streams the inputs into planning shards), scanning and batching (a task per
+shard), encoding (a task, or a decode task, an encoder actor call and a write task, per batch)
+and merging (a task per part, then, for a single output, one concatenation of the parts). The
+merged bytes depend only on the plan, so they equal those of an uninterrupted run with any worker
+count, local or on Ray. No process holds the plan whole: the driver holds a table with a row per
+shard, and each task reads only its own slice.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict, replace
+from typing import Any
+
+import numpy as np
+
+from apertus_plugins.data.offline import storage
+
+from .config import TokenizeConfig, canonical_json
+from .execute import Executor, RunError, make_executor
+from .plan import PLAN_FORMAT, PLAN_VERSION, BatchRef, Layout, part_windows
+from .progress import Progress, bar
+from .sources import list_shards
+from .worker import count_lines, fault_point, megatron_builder, merge_part, peak_rss_mb, plan_part, plan_shard
+
+__all__ = ["REPORT_FORMAT", "RunError", "tokenize", "format_report"]
+
+REPORT_FORMAT = "apertus-tokenize-report"
+REPORT_VERSION = 2
+
+
+@contextlib.contextmanager
+def _lock(work: str) -> Iterator[None]:
+    if not storage.is_local(work):  # object stores have no locks: one run per work directory
+        storage.makedirs(work)
+        yield
+        return
+    path = storage.local_path(work)
+    os.makedirs(path, exist_ok=True)
+    fh = open(os.path.join(path, "lock"), "a+")  # noqa: SIM115 (closed below)
+    try:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunError(f"{work}: another apertus tokenize run is using this work directory") from None
+        yield
+    finally:
+        fh.close()
+
+
+def _diff(a: Any, b: Any, path: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            out += _diff(a.get(k), b.get(k), f"{path}.{k}" if path else k)
+        return out
+    return [] if a == b else [path]
+
+
+def _check_settings(found: dict[str, Any], cfg: TokenizeConfig, where: str) -> None:
+    keys = _diff(found, cfg.fingerprint())
+    if keys:
+        raise RunError(f"{where} was made with other settings ({', '.join(keys[:6])} differ); run with the same "
+                       "settings to resume it, or pass --restart to discard it")
+
+
+def _memory_check(cfg: TokenizeConfig) -> None:
+    urls = [*cfg.sources, cfg.out, cfg.work]
+    if any(storage.protocol(u) == "memory" for u in urls) and (cfg.workers or cfg.ray_address):
+        raise RunError("memory:// is a filesystem inside one process: run with --workers 0")
+
+
+# ---------------------------------------------------------------------- listing
+def _listing_lines(cfg: TokenizeConfig) -> Iterator[bytes]:
+    for spec in list_shards(cfg.kind, cfg.sources, cfg.plan_files, cfg.plan_bytes):
+        yield (canonical_json(spec) + "\n").encode("utf-8")
+
+
+def _list(cfg: TokenizeConfig, layout: Layout) -> dict[str, Any]:
+    """The planning shards of the inputs (``plan/shards.jsonl``), or a check that an earlier listing still holds."""
+    if storage.isfile(layout.listing):
+        listing = storage.read_json(layout.listing)
+        _check_settings(listing["fingerprint"], cfg, layout.listing)
+        digest = hashlib.sha256()
+        with storage.open_read(layout.shards) as fh:
+            old = iter(fh)
+            for n, line in enumerate(_listing_lines(cfg)):
+                digest.update(line)
+                before = next(old, b"")
+                if line != before:
+                    raise RunError(f"the inputs changed since {layout.listing} was made (planning shard {n}: "
+                                   f"{_first_change(before, line)}); pass --restart to plan again")
+            if next(old, None) is not None:
+                raise RunError(f"the inputs changed since {layout.listing} was made (fewer files now); pass "
+                               "--restart to plan again")
+        return {**listing, "resumed": True}
+    for sub in ("plan", "shards", "records", "merged"):  # leftovers without a listing cannot be trusted
+        storage.remove(layout.path(sub), recursive=True)
+    storage.remove(layout.plan)
+    digest = hashlib.sha256()
+    shards = files = 0
+    with bar(cfg.progress, desc="list", unit=" shard") as b, storage.AtomicWriter(layout.shards) as out:
+        for line in _listing_lines(cfg):
+            out.write(line)
+            digest.update(line)
+            shards += 1
+            spec = json.loads(line)
+            files += len(spec["files"]) if spec["kind"] == "files" else 1
+            b.update(1)
+    listing = {"fingerprint": cfg.fingerprint(), "shards": shards, "files": files, "sha256": digest.hexdigest()}
+    storage.write_json(layout.listing, listing)
+    return {**listing, "resumed": False}
+
+
+def _first_change(before: bytes, now: bytes) -> str:
+    """The first file whose listing entry differs between two versions of a shard spec."""
+    try:
+        a, b = json.loads(before), json.loads(now)
+    except ValueError:
+        return "its listing differs"
+    fa = a.get("files") or [[a.get("path"), a.get("name"), a.get("stamp")]]
+    fb = b.get("files") or [[b.get("path"), b.get("name"), b.get("stamp")]]
+    for x, y in zip(fa, fb, strict=False):
+        if x != y:
+            return f"e.g. {x[1] if x else y[1]} changed"
+    return f"e.g. {(fa or fb)[-1][1]} was added or removed"
+
+
+# ---------------------------------------------------------------------- planning
+def _plan(cfg: TokenizeConfig, layout: Layout, ex: Executor) -> tuple[dict[str, Any], dict[str, Any]]:
+    t0 = time.perf_counter()
+    listing = _list(cfg, layout)
+    if storage.isfile(layout.plan):
+        plan = storage.read_json(layout.plan)
+        if plan.get("format") != PLAN_FORMAT or plan.get("version") != PLAN_VERSION:
+            raise RunError(f"{layout.plan}: not a version-{PLAN_VERSION} {PLAN_FORMAT} file; pass --restart")
+        _check_settings(plan["fingerprint"], cfg, layout.plan)
+        _check_referenced(plan["referenced"], layout.plan)
+        info = {"plan_s": time.perf_counter() - t0, "plan_resumed": True, "shards_resumed": plan["shards"],
+                "peak_rss_mb": 0.0}
+        return plan, info
+    n = listing["shards"]
+    counts = [0] * n
+    media: Counter[str] = Counter()
+    skipped = 0
+    referenced: dict[str, list[Any]] = {}
+    resumed = 0
+    rss = 0.0
+    planned = 0
+
+    # JSONL files cut into several ranges: the lines before each range (a range's names need them)
+    splits: dict[str, list[int]] = {}
+    starts_todo = []
+    for s, spec in enumerate(layout.iter_shards()):
+        if spec["kind"] == "jsonl" and spec["parts"] > 1 and not storage.isfile(layout.scan_summary(s)):
+            starts_todo.append(spec["path"])
+    if starts_todo:
+        wanted = set(starts_todo)
+        calls = [((spec["path"], spec["part"]), (spec["path"], *spec["range"])) for spec in layout.iter_shards()
+                 if spec["kind"] == "jsonl" and spec["path"] in wanted and spec["part"] < spec["parts"] - 1]
+
+        def got_lines(key: tuple[str, int], lines: int) -> None:
+            path, part = key
+            splits.setdefault(path, [0] * (part + 1))
+            while len(splits[path]) <= part:
+                splits[path].append(0)
+            splits[path][part] = lines
+
+        ex.map(count_lines, calls, got_lines, "counting the lines of")
+
+    with bar(cfg.progress, desc="plan", unit=" shard", total=n) as b:
+        t_scan = time.perf_counter()
+
+        def scanned(s: int, summary: dict[str, Any]) -> None:
+            nonlocal skipped, resumed, rss, planned
+            counts[s] = summary["items"]
+            planned += summary["items"]
+            media.update(summary["media"])
+            skipped += len(summary["skipped"])
+            for r in summary["referenced"]:
+                referenced.setdefault(r[0], r)
+            rss = max(rss, summary["worker"]["peak_rss_mb"])
+            b.update(1)
+            b.set_postfix_str(f"{planned:,} items, {planned / max(time.perf_counter() - t_scan, 1e-9):,.0f} items/s",
+                              refresh=False)
+
+        # a finished shard keeps its summary: read it here rather than sending a task
+        def todo() -> Iterator[tuple[int, tuple[Any, ...]]]:
+            nonlocal resumed
+            for s, spec in enumerate(layout.iter_shards()):
+                if storage.isfile(layout.scan_summary(s)):
+                    resumed += 1
+                    scanned(s, storage.read_json(layout.scan_summary(s)))
+                    continue
+                if spec["kind"] == "jsonl" and spec["part"]:
+                    spec = dict(spec, first_line=1 + sum(splits[spec["path"]][: spec["part"]]))
+                yield s, (layout.work, s, spec)
+
+        ex.map(plan_shard, todo(), scanned, "planning shard")
+    scan_s = time.perf_counter() - t_scan
+    if cfg.checkpoint is None and media:
+        raise RunError(f"the inputs hold {' and '.join(sorted(media))} items: pass --checkpoint DIR (the media "
+                       "encoders)")
+    starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()
+    total = starts[-1]
+
+    def part_args(p: int) -> tuple[Any, ...]:
+        if cfg.kind == "sft":
+            return layout.work, p, [[p, starts[p], counts[p]]], None
+        window = part_windows(starts[p], counts[p], total, cfg.window)
+        if window is None:
+            return layout.work, p, [], None
+        lo, hi = window
+        first = bisect.bisect_right(starts, lo) - 1
+        shards = [[s, starts[s], counts[s]] for s in range(first, n) if starts[s] < hi and counts[s]]
+        return layout.work, p, shards, list(window)
+
+    parts: list[list[int]] = [[0, 0, 0] for _ in range(n)]
+    with bar(cfg.progress, desc="batch", unit=" part", total=n) as b:
+        def batched(p: int, summary: dict[str, Any]) -> None:
+            nonlocal rss
+            parts[p] = [0, summary["batches"], summary["items"]]
+            rss = max(rss, summary["worker"]["peak_rss_mb"])
+            b.update(1)
+
+        def todo_parts() -> Iterator[tuple[int, tuple[Any, ...]]]:
+            for p in range(n):
+                if storage.isfile(layout.part_summary(p)):
+                    batched(p, storage.read_json(layout.part_summary(p)))
+                else:
+                    yield p, part_args(p)
+
+        ex.map(plan_part, todo_parts(), batched, "batching part")
+    first = 0
+    for row in parts:
+        row[0] = first
+        first += row[1]
+    if sum(row[2] for row in parts) != total:
+        raise RunError(f"{layout.work}: the plan's parts hold {sum(row[2] for row in parts)} items, the scan found "
+                       f"{total}; pass --restart")
+    plan = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "fingerprint": cfg.fingerprint(), "kind": cfg.kind,
+            "shards": n, "files": listing["files"], "listing_sha256": listing["sha256"], "total_items": total,
+            "plan_skipped": skipped, "media": dict(sorted(media.items())), "batches": first, "parts": parts,
+            "referenced": list(referenced.values())}
+    storage.write_json(layout.plan, plan)
+    info = {"plan_s": time.perf_counter() - t0, "plan_resumed": False, "shards_resumed": resumed,
+            "scan_s": round(scan_s, 3), "scan_items_per_s": round(total / scan_s, 1) if scan_s > 0 else 0.0,
+            "peak_rss_mb": rss}
+    return plan, info
+
+
+def _plan_summary(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], info: dict[str, Any],
+                  out: Any) -> dict[str, Any]:
+    """``--plan-only``: what the plan holds and what planning cost (printed and returned)."""
+    skipped = Counter[str]()
+    for s in range(plan["shards"]):
+        skipped.update(k["reason"] for k in storage.read_json(layout.scan_summary(s))["skipped"])
+    summary = {"work": cfg.work, "shards": plan["shards"], "files": plan["files"], "items": plan["total_items"],
+               "batches": plan["batches"], "parts": sum(1 for _f, n, _i in plan["parts"] if n),
+               "media": plan["media"], "skipped_by_reason": dict(sorted(skipped.items())),
+               "plan_s": round(info["plan_s"], 3), "plan_resumed": info["plan_resumed"],
+               "scan_items_per_s": info.get("scan_items_per_s"),
+               "peak_rss_mb": {"driver": peak_rss_mb(), "planning": info["peak_rss_mb"]}}
+    storage.write_json(layout.path("plan-summary.json"), summary)
+    print(f"planned {summary['items']:,} items from {summary['files']:,} files in {summary['shards']:,} shards: "
+          f"{summary['batches']:,} batches in {summary['parts']:,} parts, {sum(skipped.values()):,} skipped; "
+          f"{summary['plan_s']:.1f} s; the plan is in {cfg.work}", file=out)
+    return summary
+
+
+def _check_referenced(referenced: list[list[Any]], where: str) -> None:
+    """Media files named by conversations: each still has the size and stamp the plan saw."""
+    for path, *old in referenced:
+        if storage.stamp(path) != old:
+            raise RunError(f"1 input file changed since {where} was made (e.g. {path}); pass --restart to plan again")
+
+
+# ---------------------------------------------------------------------- encoding
+def _done_batches(layout: Layout, part: int) -> set[int]:
+    return {int(n[1:8]) for n in storage.listdir(layout.record_dir(part)) if n.startswith("b") and n.endswith(".json")}
+
+
+def _encode(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], ex: Executor) -> dict[str, Any]:
+    if storage.is_local(layout.work):  # a batch killed mid-write leaves temporary files: never trusted
+        shards = storage.local_path(layout.path("shards"))
+        for root, _dirs, names in os.walk(shards):
+            for name in names:
+                if ".tmp" in name:
+                    os.unlink(os.path.join(root, name))
+    done_items = done_batches = 0
+    todo_parts = []
+    for p, (_first, n, _items) in enumerate(plan["parts"]):
+        if not n:
+            continue
+        done = _done_batches(layout, p)
+        if len(done) < n:
+            todo_parts.append(p)
+        if done:
+            lines = storage.read_json(layout.part_summary(p))["lines"]
+            done_items += sum(lines[b - plan["parts"][p][0]][2] for b in done)
+            done_batches += len(done)
+
+    def refs() -> Iterator[BatchRef]:
+        for p in todo_parts:
+            first, n, _items = plan["parts"][p]
+            lines = storage.read_json(layout.part_summary(p))["lines"]
+            done = _done_batches(layout, p)
+            for k in range(n):
+                if first + k not in done:
+                    off, length, items = lines[k]
+                    yield BatchRef(first + k, p, k, off, length, items)
+
+    skipped = Counter[str]()
+    progress = Progress(layout.progress, plan["total_items"], done_items, ex.encoders, cfg.progress, skipped)
+    devices: set[str] = set()
+    rss = {"decode": 0.0, "encode": 0.0}
+    new = 0
+
+    def on_done(record: dict[str, Any]) -> None:
+        nonlocal new
+        new += 1
+        if record.get("device"):
+            devices.add(record["device"])
+        rss["decode"] = max(rss["decode"], record["worker"]["peak_rss_mb"])
+        if record.get("encoder"):
+            rss["encode"] = max(rss["encode"], record["encoder"]["peak_rss_mb"])
+        progress.update(record, len(record["items"]) + len(record["skipped"]))
+
+    t0 = time.perf_counter()
+    ex.batches(layout.work, refs(), on_done, encode=bool(plan["media"]))
+    stats = progress.close()
+    return {"encode_s": time.perf_counter() - t0, "batches_resumed": done_batches, "batches_run": new,
+            "devices": sorted(devices), "progress": stats, "peak_rss_mb": rss}
+
+
+# ---------------------------------------------------------------------- merge
+def _merge_parts(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], ex: Executor) -> dict[str, Any]:
+    """Every part's batch shards merged by its own task; the sums of their records."""
+    calls = [(p, (layout.work, p, first, n)) for p, (first, n, _i) in enumerate(plan["parts"]) if n]
+    summaries: dict[int, dict[str, Any]] = {}
+    resumed = sum(1 for p, _a in calls if storage.isfile(layout.merged_record(p)))
+    with bar(cfg.progress, desc="merge", unit=" part", total=len(calls)) as b:
+        def merged(p: int, summary: dict[str, Any]) -> None:
+            summaries[p] = {k: v for k, v in summary.items() if k != "worker"}
+            summaries[p]["peak_rss_mb"] = summary["worker"]["peak_rss_mb"]
+            b.update(1)
+
+        ex.map(merge_part, calls, merged, "merging part")
+    return {"parts": [summaries[p] for p in sorted(summaries)], "parts_resumed": resumed}
+
+
+def _concat(cfg: TokenizeConfig, layout: Layout, parts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``single``: the merged parts, in plan order, into one dataset per stream; their manifest entries."""
+    import shutil
+    import tempfile
+
+    from apertus_plugins.data.manifest import describe_dataset
+
+    builder_cls = megatron_builder()
+    written = [s["part"] for s in parts if s["documents"]]
+    docs = sum(s["documents"] for s in parts)
+    entries: dict[str, dict[str, Any]] = {}
+    tmp_dir = tempfile.mkdtemp(prefix="apertus-out-")
+    try:
+        with bar(cfg.progress, desc="write", unit=" doc", total=docs * len(cfg.streams())) as b:
+            for n, stream in enumerate(cfg.streams()):
+                final = cfg.prefix(stream)
+                local = storage.is_local(final)
+                target = f"{storage.local_path(final)}.tmp" if local else os.path.join(tmp_dir, f"out{n}")
+                if local:
+                    os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+                builder = builder_cls(f"{target}.bin", dtype=np.dtype(stream.dtype).type)
+                merged = [layout.merged_prefix(p, stream.suffix) for p in written]
+                with storage.local_copy([f"{m}{e}" for m in merged for e in (".bin", ".idx")]) as paths:
+                    for k, p in enumerate(written):
+                        builder.add_index(paths[2 * k][: -len(".bin")])
+                        b.update(next(s["documents"] for s in parts if s["part"] == p))
+                        if n == 0:
+                            fault_point("merge-mid", k + 1)
+                builder.finalize(f"{target}.idx")
+                for ext in (".bin", ".idx"):
+                    with open(f"{target}{ext}", "rb") as fh:
+                        os.fsync(fh.fileno())
+                if not local:
+                    entries[final] = dict(describe_dataset(target), prefix=final)
+                for ext in (".bin", ".idx"):
+                    storage.upload(f"{target}{ext}", f"{final}{ext}")
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    return entries
+
+
+def _check_layout(cfg: TokenizeConfig, parts: list[dict[str, Any]]) -> None:
+    """The image layout found in each part's first documents with images (a mixed or foreign layout raises)."""
+    found = {layout for s in parts for layout in s["layouts"]}
+    if found - {cfg.image_layout}:
+        raise RunError(f"{cfg.out}: documents use the {', '.join(sorted(found))} image layout, the run asked for "
+                       f"{cfg.image_layout}")
+
+
+def _manifests(cfg: TokenizeConfig, spec: Any, parts: list[dict[str, Any]], remote: dict[str, dict[str, Any]]) -> None:
+    from apertus_plugins.data.manifest import manifest_document, write_manifest
+
+    for path, streams in cfg.manifests().items():
+        if cfg.merge == "single" and storage.is_local(path):
+            write_manifest([cfg.prefix(s) for s in streams], storage.local_path(path),
+                           metadata={cfg.prefix(s): _metadata(cfg, s.suffix, spec) for s in streams})
+            continue
+        entries = []
+        if cfg.merge == "single":
+            for s in streams:
+                entries.append(dict(remote[cfg.prefix(s)], metadata=_metadata(cfg, s.suffix, spec)))
+        else:
+            by_prefix = {e["prefix"]: e for part in parts for e in part["entries"]}
+            for part in parts:
+                if not part["documents"]:
+                    continue
+                for s in streams:
+                    entry = by_prefix[cfg.part_prefix(part["part"], s)]
+                    entries.append(dict(entry, metadata=dict(_metadata(cfg, s.suffix, spec), part=part["part"])))
+        storage.write_json(path, manifest_document(entries), indent=2)
+
+
+def _metadata(cfg: TokenizeConfig, stream_suffix: str, spec: Any) -> dict[str, Any]:
+    from apertus_plugins.plugins import serving_layout
+
+    serving = serving_layout("image")
+    fp = cfg.fingerprint()
+    meta: dict[str, Any] = {
+        "producer": "apertus tokenize",
+        "kind": cfg.kind,
+        "stream": {s.suffix: s.what for s in cfg.streams()}[stream_suffix],
+        "dtype": {s.suffix: s.dtype for s in cfg.streams()}[stream_suffix],
+        "one_sequence_per_document": True,
+        "image_layout": cfg.image_layout,
+        "serving_image_layout": serving,
+        "resize_policy": cfg.resize_policy,
+        "audio_policy": cfg.audio_policy,
+        "audio_padding": "none (clips are batched only with clips of identical length; no codes dropped)",
+        "tokenizer": fp["settings"]["tokenizer"],
+        "tokenizer_sha256": fp["tokenizer_sha256"],
+        "checkpoint": fp["settings"]["checkpoint"],
+        "precision": cfg.precision,
+        "vocab": {"total": spec.size, "modalities": spec.summary()["modalities"]},
+    }
+    if cfg.kind == "pretrain":
+        meta.update(bos=cfg.bos, eos=cfg.eos, audio_task=cfg.audio_task, captions=cfg.captions)
+    else:
+        meta.update(chat_variant="training", reasoning="removed" if ".noreason" in stream_suffix else "kept")
+    return meta
+
+
+# ---------------------------------------------------------------------- report
+def _report(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], parts: list[dict[str, Any]], spec: Any,
+            timing: dict[str, Any]) -> dict[str, Any]:
+    from apertus_plugins.plugins import serving_layout
+
+    skipped: list[dict[str, Any]] = []
+    for s in range(plan["shards"]):
+        skipped.extend(storage.read_json(layout.scan_summary(s))["skipped"])
+    for part in parts:
+        skipped.extend(part["skipped"])
+    written = sum(p["documents"] for p in parts)
+    names = spec.modality_names
+    outputs: dict[str, Any] = {}
+    for s in cfg.streams():
+        entry: dict[str, Any] = {"documents": written, "dtype": s.dtype, "what": s.what}
+        if s.dtype == "int32":
+            tok = {n: sum(p["tokens"].get(s.suffix, {}).get(n, 0) for p in parts) for n in names}
+            entry["tokens"] = dict(tok, total=sum(tok.values()))
+        if cfg.merge == "parts":
+            entry["parts"] = [cfg.part_prefix(p["part"], s) for p in parts if p["documents"]]
+        outputs[cfg.prefix(s)] = entry
+    media: Counter[str] = Counter()
+    for p in parts:
+        media.update(p["media"])
+    serving = serving_layout("image")
+    note = None
+    if media.get("image") and cfg.image_layout != serving:
+        note = (f"images are in the {cfg.image_layout} layout; serving (the released processor) uses the {serving} "
+                "layout (SPEC.md 2.1). The manifest records the layout; pass --image-layout "
+                f"{serving} for data that matches serving.")
+    return {
+        "format": REPORT_FORMAT,
+        "version": REPORT_VERSION,
+        "kind": cfg.kind,
+        "outputs": outputs,
+        "items": {"total": plan["total_items"] + plan["plan_skipped"], "written": written, "skipped": len(skipped)},
+        "skipped_by_reason": dict(sorted(Counter(s["reason"] for s in skipped).items())),
+        "skipped": skipped,
+        "tokens": outputs[cfg.prefix(cfg.streams()[0])].get("tokens", {}),
+        "media": dict(sorted(media.items())),
+        "image_layout": cfg.image_layout,
+        "layout_note": note,
+        "run": timing,
+        "fingerprint": plan["fingerprint"],
+        "inputs": {"shards": plan["shards"], "files": plan["files"], "listing_sha256": plan["listing_sha256"],
+                   "referenced": plan["referenced"]},
+    }
+
+
+def format_report(report: dict[str, Any], limit: int = 20) -> str:
+    """The summary printed at the end of a run."""
+    items = report["items"]
+    lines = []
+    for prefix, o in report["outputs"].items():
+        tok = o.get("tokens", {})
+        extra = f", {tok.get('total', 0):,} tokens" if tok else ""
+        where = f"{len(o['parts'])} parts {prefix}.partNNNNNN" if "parts" in o else prefix
+        lines.append(f"wrote {where}.bin/.idx: {o['documents']:,} documents{extra} ({o['what']})")
+    lines.append(f"items: {items['total']:,} in the inputs, {items['written']:,} written, {items['skipped']:,} skipped")
+    if report["skipped_by_reason"]:
+        lines.append("skipped: " + ", ".join(f"{n} {r}" for r, n in report["skipped_by_reason"].items()))
+        for s in report["skipped"][:limit]:
+            lines.append(f"  {s['detail']}")
+        if len(report["skipped"]) > limit:
+            lines.append(f"  ... {len(report['skipped']) - limit} more in the report")
+    tok = report["tokens"]
+    if tok:
+        lines.append("tokens: " + ", ".join(f"{k} {v:,}" for k, v in tok.items()))
+    if report["media"]:
+        lines.append("media: " + ", ".join(f"{v:,} {k}" for k, v in report["media"].items()))
+    if report.get("layout_note"):
+        lines.append(f"note: {report['layout_note']}")
+    r = report["run"]
+    util = r.get("encoder_utilisation")
+    lines.append(f"time: plan {r['plan_s']:.1f} s, encode {r['encode_s']:.1f} s ({r['items_per_s']:.1f} items/s"
+                 + (f", encoders busy {util:.0%} of the time" if util is not None else "")
+                 + f"), merge {r['merge_s']:.1f} s; {r['batches']} batches, {r['batches_resumed']} resumed from a "
+                 "previous run")
+    return "\n".join(lines)
+
+
+def _outputs_intact(cfg: TokenizeConfig) -> bool:
+    from apertus_plugins.data.manifest import ManifestError, verify_manifest
+
+    try:
+        for path, streams in cfg.manifests().items():
+            if storage.is_local(path):
+                wanted = [cfg.prefix(s) for s in streams] if cfg.merge == "single" else None
+                verify_manifest(storage.local_path(path), wanted, checksums=False)
+                continue
+            if not storage.isfile(path):
+                return False
+            manifest = json.loads(storage.read_bytes(path))
+            for e in manifest["datasets"]:
+                if (storage.stamp(f"{e['prefix']}.bin")[0], storage.stamp(f"{e['prefix']}.idx")[0]) != \
+                        (e["bin_bytes"], e["idx_bytes"]):
+                    return False
+    except (ManifestError, OSError, ValueError, KeyError):
+        return False
+    return True
+
+
+def _complete(cfg: TokenizeConfig) -> dict[str, Any] | None:
+    """The report of an earlier run with the same settings and inputs whose outputs are all intact."""
+    if not storage.isfile(cfg.report_path):
+        return None
+    try:
+        report = storage.read_json(cfg.report_path)
+    except (OSError, ValueError):
+        return None
+    if report.get("format") != REPORT_FORMAT or report.get("version") != REPORT_VERSION or \
+            _diff(report.get("fingerprint"), cfg.fingerprint()):
+        if any(storage.exists(f"{cfg.prefix(s)}.bin") for s in cfg.streams()) and not cfg.restart:
+            raise RunError(f"{cfg.out}: exists from a run with other settings or inputs; pass --restart to "
+                           "replace it")
+        return None
+    inputs = report.get("inputs", {})
+    digest = hashlib.sha256()
+    for line in _listing_lines(cfg):
+        digest.update(line)
+    changed = digest.hexdigest() != inputs.get("listing_sha256") or \
+        any(storage.stamp(path) != old for path, *old in inputs.get("referenced", []))
+    if changed:
+        if not cfg.restart:
+            raise RunError(f"{cfg.out}: its inputs changed since it was written; pass --restart to redo it")
+        return None
+    return report if _outputs_intact(cfg) else None
+
+
+def _clear(work: str) -> None:
+    """Everything of an earlier run in the work directory but the lock (under the lock)."""
+    for name in storage.listdir(work):
+        if name != "lock":
+            storage.remove(storage.join(work, name), recursive=True)
+
+
+def tokenize(cfg: TokenizeConfig, out: Any = None) -> dict[str, Any]:
+    """Run (or resume) the offline pipeline; print the summary to ``out`` and return the report."""
+    from apertus_plugins.core.chat import ChatTokenizer
+
+    out = out or sys.stdout
+    _memory_check(cfg)
+    layout = Layout(cfg.work)
+    done = None if cfg.restart else _complete(cfg)
+    if done is not None:
+        if not cfg.keep_work:
+            storage.remove(cfg.work, recursive=True)
+        print(f"{cfg.out}: already complete (same settings and inputs, outputs match their manifests)", file=out)
+        print(format_report(done), file=out)
+        return done
+    spec = ChatTokenizer(cfg.tokenizer).spec
+    with _lock(cfg.work):
+        if cfg.restart:  # under the lock: never pull the work directory from under a running run
+            _clear(cfg.work)
+        ex = make_executor(cfg.workers, cfg.ray_address, cfg.encoders)
+        try:
+            device = ex.device(cfg.device) if cfg.checkpoint else cfg.device
+            if cfg.precision == "tf32" and not device.startswith("cuda"):
+                raise RunError(f"--precision tf32 needs a CUDA device; --device {cfg.device} gives {device}")
+            storage.write_json(layout.config, asdict(replace(cfg, device=device)))
+            plan, plan_info = _plan(cfg, layout, ex)
+            if cfg.plan_only:
+                return _plan_summary(cfg, layout, plan, plan_info, out)
+            enc = _encode(cfg, layout, plan, ex)
+            t1 = time.perf_counter()
+            merged = _merge_parts(cfg, layout, plan, ex)
+        finally:
+            ex.close()
+        parts = merged["parts"]
+        _check_layout(cfg, parts)
+        remote = _concat(cfg, layout, parts) if cfg.merge == "single" else {}
+        merge_s = time.perf_counter() - t1
+        _manifests(cfg, spec, parts, remote)
+        stats = enc["progress"]
+        timing = {
+            "plan_s": round(plan_info["plan_s"], 3), "encode_s": round(enc["encode_s"], 3), "merge_s": round(merge_s, 3),
+            "items_per_s": stats["items_per_s"],
+            "batches": plan["batches"], "batches_resumed": enc["batches_resumed"],
+            "plan_resumed": plan_info["plan_resumed"], "shards": plan["shards"],
+            "shards_resumed": plan_info["shards_resumed"], "parts_resumed": merged["parts_resumed"],
+            "scan_items_per_s": plan_info.get("scan_items_per_s"),
+            "workers": 0 if cfg.ray_address else cfg.workers, "ray_address": cfg.ray_address,
+            "encoders": ex.encoders, "device": enc["devices"][0] if len(enc["devices"]) == 1 else enc["devices"],
+            "encoder_utilisation": stats["encoder_utilisation"],
+            "encoder_share_of_stage": stats["encoder_share_of_stage"],
+            "encoder_share_of_batch_time": stats["encoder_share_of_batch_time"], "merge": cfg.merge,
+            "peak_rss_mb": {"driver": peak_rss_mb(), "planning": plan_info["peak_rss_mb"],
+                            "decoding": enc["peak_rss_mb"]["decode"], "encoding": enc["peak_rss_mb"]["encode"],
+                            "merging": max([p["peak_rss_mb"] for p in parts], default=0.0)},
+            "progress": stats,
+        }
+        report = _report(cfg, layout, plan, parts, spec, timing)
+        storage.write_json(cfg.report_path, report)
+    if not cfg.keep_work:
+        storage.remove(cfg.work, recursive=True)
+    print(format_report(report), file=out)
+    return report

