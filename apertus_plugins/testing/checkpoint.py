@@ -290,8 +290,8 @@ def write_checkpoint(out_dir: str | Path, *, size: str | TextSize = "tiny", spec
 
     from apertus_plugins.encoders.audio import AudioTokenizer
     from apertus_plugins.encoders.vision import VisionTokenizer
-    from .random_weights import init_random_weights
 
+    from .random_weights import init_random_weights
     from .tokenizer_builder import build_test_tokenizer
 
     if dtype not in _LM_DTYPES:
