@@ -31,7 +31,7 @@ Entry fields (``catalogue.yaml``):
   audio columns; ``overrides``: config keys replaced in the derived task (``!function x.y`` text
   for a function); ``add_filters``: filter pipelines added beside upstream's (lmms-eval);
 - ``needs``: what a run needs beyond the served model: ``tokenizer``, ``unsafe_code``,
-  ``judge``, ``audio_seconds:N``, ``context:N``;
+  ``judge``, ``tools`` (the tool-call stops), ``audio_seconds:N`` (clips of up to N seconds);
 - ``absent``: why the benchmark has no Apertus task (then no harness fields); ``subtask_of``: the
   benchmark of the report an entry is a part of (not counted as one of the report's);
 - ``reference``: the report's numbers for the released 8B: ``off`` (thinking off), ``think``,
@@ -55,11 +55,11 @@ KINDS = ("chat", "completions", "base", "handwritten", "lmms")
 SUITES: dict[str, str] = {
     "post-trained-text": "the text benchmarks of Tables L.1 and L.2 on the post-trained model, thinking off",
     "thinking": "the benchmarks the report also runs with thinking on (Tables 25 and 28)",
-    "base": "the base-model rows of Tables L.1 and L.2 (Tables 13 to 22), without the chat template",
+    "base": "the base-model rows of Tables L.1 and L.2 (Tables 13 to 22), without the chat template: serve the base model",
     "image": "the image benchmarks of Table 34 (section 5.5)",
     "audio": "the audio benchmarks of Table 35 (section 5.6)",
     "long-context": "RULER and HELMET (Table 36, section 5.7)",
-    "smoke": "one benchmark of each harness and kind: a quick check that a deployment is wired",
+    "smoke": "one benchmark of each kind (log-likelihood, chat with shots, long context, image, audio): is it wired?",
     "all": "every suite",
 }
 _THINK = (True, False, "aime", "math", "code")
@@ -137,6 +137,11 @@ class Benchmark:
         if self.think:
             out["think"] = f"{self.task}_think"
         return out
+
+    @property
+    def by_length(self) -> bool:
+        """Scored per prompt length (RULER: the metrics are lengths in tokens, ``8192,none``)."""
+        return all(r.metric and r.metric.split(",")[0].isdigit() for r in self.rows)
 
     @property
     def repeats(self) -> int:

@@ -31,7 +31,6 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -487,6 +486,3 @@ def manifest(harness: str) -> dict[str, Any]:
     """``manifest.json`` of ``harness``'s task folder."""
     return json.loads((include_path(harness) / "manifest.json").read_text(encoding="utf-8"))
 
-
-def task_names(harness: str) -> Iterable[str]:
-    return manifest(harness)["tasks"]

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..catalogue import SUITES, Benchmark, load, suite
+from ..catalogue import SUITES, Benchmark, by_id, load, suite
 from .render import Line, markdown, part_of, svg
 from .worker import write_json
 
@@ -37,8 +37,13 @@ SUITE_MODES: dict[str, tuple[str, ...]] = {
     "post-trained-text": ("off",), "thinking": ("think",), "base": ("base",), "image": ("off", "think"),
     "audio": ("off",), "long-context": ("off",), "smoke": ("off",), "all": ("off", "think", "base"),
 }
-#: RULER's lengths in the report (Table 36).
-DEFAULT_LENGTHS = (8192, 16384, 32768, 65536, 131072, 262144)
+def _report_lengths() -> tuple[int, ...]:
+    """RULER's lengths in the report (Table 36): the lengths of the catalogue's RULER rows."""
+    return tuple(int(str(row.metric).split(",")[0]) for row in by_id()["ruler"].rows)
+
+
+#: RULER's lengths in the report (Table 36), 8k to 256k tokens.
+DEFAULT_LENGTHS = _report_lengths()
 #: RULER's output budget (lm-eval's tasks: 128 new tokens).
 RULER_NEW_TOKENS = 128
 #: The settings that make two runs' results comparable (a resumed run must match them).
@@ -56,7 +61,6 @@ class Options:
     output: Path
     model: str | None = None
     limit: int | None = None
-    benchmarks: tuple[str, ...] = ()
     tokenizer: str | None = None
     lengths: tuple[int, ...] = DEFAULT_LENGTHS
     max_new_tokens: int | None = None
@@ -127,7 +131,7 @@ def needs(items: Sequence[Item], opts: Options, served: Any, client: Any) -> dic
             if unset:
                 problems.append(f"needs a judge: set {', '.join(unset)}")
         if ctx:
-            if b.id.startswith("ruler"):
+            if b.by_length:
                 longest = max(opts.lengths)
                 if longest + RULER_NEW_TOKENS > ctx:
                     problems.append(f"RULER at {longest} tokens needs a served context of at least "
@@ -226,7 +230,13 @@ def _worker(opts: Options, harness: str, items: list[Item], served: Any, include
         finally:
             plan_path.unlink(missing_ok=True)
             events.unlink(missing_ok=True)
-        if pending:  # the worker died: the task it was on failed, the others go to a new worker
+        if pending and seen == 0:  # the worker died before its first task: none of the others would run either
+            for item in pending:
+                failed[item.task] = f"the {harness} worker exited with status {proc.returncode} before its first task " \
+                                    f"(see {log.name})"
+            bar.update(len(pending))
+            break
+        if pending:  # the worker died on a task: that one failed, the others go to a new worker
             crashed = started or pending[0].task
             failed[crashed] = f"the {harness} worker exited with status {proc.returncode} (see {log.name})"
             pending = [i for i in pending if i.task != crashed]
@@ -288,7 +298,7 @@ def lines(opts: Options, suite_name: str, items: Sequence[Item], skipped: dict[s
             if item is None and (b.runnable or part_of(b, mode) not in whole
                                  or not any(r.reference.get(mode) for r in b.rows)):
                 continue
-            by_length = b.id.startswith("ruler") and item is not None
+            by_length = b.by_length and item is not None
             for row in (_length_rows(b, opts.lengths) if by_length else b.rows):
                 ref = row.reference.get(mode)
                 if item is None:
@@ -344,6 +354,8 @@ def run(opts: Options, only: Sequence[str] = ()) -> Path:
         raise ReportError(f"{len(problems)} task(s) cannot run against {opts.base_url} ({served.name}, context "
                           f"{served.max_model_len}):\n{listed}\n(--skip-unmet runs the others)")
     _check_resume(opts, _settings(opts, served))
+    for stale in opts.output.glob(".events-*"):  # a killed run's progress files
+        stale.unlink(missing_ok=True)
     todo = [i for i in items if i.task not in problems and (opts.rerun or not _finished(opts, i.task))]
     failed: dict[str, str] = {}
     with tqdm(total=len(items), initial=len(items) - len(todo), desc=f"apertus eval report {opts.suite}", unit="task",

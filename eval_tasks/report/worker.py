@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -97,6 +98,19 @@ class _LmmsEval:
                                limit=p.get("limit"), log_samples=True)
 
 
+def _exit_with_parent() -> None:
+    """End this process when the run that started it is gone (killed): a worker runs in its own session
+    so that the run can stop it cleanly, and must not outlive it."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="apertus-worker-parent", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -104,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     plan = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     events = Path(plan["events"])
+    _exit_with_parent()
     if plan.get("allow_code_execution"):
         os.environ["HF_ALLOW_CODE_EVAL"] = "1"
     harness = _LmEval(plan) if plan["harness"] == "lm_eval" else _LmmsEval(plan)

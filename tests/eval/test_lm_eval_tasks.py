@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ from apertus_plugins.infra.client import http_json
 from apertus_plugins.posttrain.evaluation import DEFAULT_DECODING, MEAN_AT_K, THINKING_DECODING, stop_strings
 from apertus_plugins.testing.serve import VLLMServer
 from eval_tasks.catalogue import by_id, load
-from eval_tasks.derive import generate, include_path, manifest
+from eval_tasks.derive import include_path, manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_TASKS = ROOT / "eval_tasks" / "lm_eval"
@@ -84,7 +83,7 @@ def test_every_derived_task_follows_the_protocol(lm_eval_path: Path) -> None:
     assert tasks["apertus_humaneval_instruct_think"]["repeats"] == 4 and tasks["apertus_ifeval"]["repeats"] == 1
 
 
-def test_no_upstream_config_is_copied() -> None:
+def test_no_upstream_config_is_copied(lm_eval_path: Path) -> None:
     """The package holds templates only where upstream has no task, and BFCL's eleven categories and
     SwitzerlandQA's five languages come from one definition each (their ``SUBTASKS``)."""
     yamls = sorted(p.relative_to(PACKAGE_TASKS).as_posix() for p in PACKAGE_TASKS.rglob("*.yaml"))
@@ -92,47 +91,43 @@ def test_no_upstream_config_is_copied() -> None:
                      "or_bench/apertus_or_bench_hard.yaml", "switzerland_qa/switzerland_qa.yaml"]
     for path in PACKAGE_TASKS.rglob("*.yaml"):
         assert "generation_kwargs" not in _yaml(path), path  # the protocol's settings are stated in one place
-    files = generate("lm_eval")
-    bfcl = [n for n in files if n.startswith("apertus_bfcl_v3_") and n != "apertus_bfcl_v3_single_turn.yaml"]
-    assert len(bfcl) == 11
-    for name in bfcl:
-        cfg = _yaml_text(files[name])
+    bfcl = sorted(lm_eval_path.glob("apertus_bfcl_v3_*.yaml"))
+    assert len(bfcl) == 12  # eleven categories and their group
+    for path in bfcl:
+        cfg = _yaml(path)
+        if "group" in cfg:
+            assert len(cfg["task"]) == 11
+            continue
         assert cfg["include"] == str(PACKAGE_TASKS / "bfcl_v3" / "bfcl_v3.yaml")
-        assert cfg["metadata"]["bfcl_category"] == name[len("apertus_bfcl_v3_"):-len(".yaml")]
+        assert cfg["metadata"]["bfcl_category"] == cfg["task"][len("apertus_bfcl_v3_"):]
 
 
-def _yaml_text(text: str) -> dict:
-    class Loader(yaml.SafeLoader):
-        pass
-
-    Loader.add_constructor("!function", lambda loader, node: loader.construct_scalar(node))
-    return yaml.load(text, Loader=Loader)
-
-
-def test_eval_path_is_generated_once_and_deterministic(tmp_path: Path) -> None:
-    first = generate("lm_eval")
-    assert generate("lm_eval") == first  # the same harness and package give the same bytes
+def test_eval_path_is_generated_once_and_deterministic(lm_eval_path: Path, tmp_path: Path) -> None:
+    """`apertus eval-path` writes the folder once (a second call reads no harness config and writes
+    nothing), with the same bytes as the folder another process generated (the suite's)."""
     env = {**os.environ, "APERTUS_EVAL_TASKS_CACHE": str(tmp_path / "cache")}
-    runs = []
+    folders = []
     for _ in range(2):
-        t0 = time.monotonic()
         out = subprocess.run([sys.executable, "-m", "apertus_plugins.cli", "eval-path", "lm_eval"], check=True,
                              capture_output=True, text=True, env=env).stdout.strip()
-        runs.append((Path(out), time.monotonic() - t0))
-    (folder, _), (again, _) = runs
-    assert folder == again and folder.parent == tmp_path / "cache" and (folder / "manifest.json").is_file()
-    assert {p.name for p in folder.iterdir()} == set(first)
-    assert all((folder / n).read_text() == t for n, t in first.items())
-    assert len([p for p in folder.parent.iterdir() if not p.name.startswith(".")]) == 1  # no second copy
+        folders.append(Path(out))
+    folder = folders[0]
+    assert folders[1] == folder and folder.parent == tmp_path / "cache" and folder.name == lm_eval_path.name
+    assert [p.name for p in folder.parent.iterdir() if not p.name.startswith(".")] == [folder.name]  # one copy
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in lm_eval_path.iterdir())
+    assert all((folder / p.name).read_bytes() == p.read_bytes() for p in lm_eval_path.iterdir())
 
 
-# ------------------------------------------------------------------ the report's settings, task by task
-
-def _task(lm_eval_path: Path, name: str):
+@pytest.fixture(scope="module")
+def manager(lm_eval_path: Path):
+    """lm-eval's task manager over the Apertus folder alone (its index is built once for the module)."""
     from lm_eval.tasks import TaskManager
 
-    loaded = TaskManager(include_path=str(lm_eval_path), include_defaults=False).load([name])
-    return loaded["tasks"][name]
+    return TaskManager(include_path=str(lm_eval_path), include_defaults=False)
+
+
+def _task(manager, name: str):
+    return manager.load([name])["tasks"][name]
 
 
 def _history(task, doc) -> list[dict]:
@@ -141,11 +136,11 @@ def _history(task, doc) -> list[dict]:
                                 chat_template=lambda msgs, add_generation_prompt=True: msgs)
 
 
-def test_math500_is_the_minerva_prompt_with_four_shots_as_turns(lm_eval_path: Path, data_env: Path) -> None:
+def test_math500_is_the_minerva_prompt_with_four_shots_as_turns(manager, data_env: Path) -> None:
     """MATH-500 as Table L.1 runs it: the Minerva prompt, 4 shots, each shot an earlier turn (it was 0-shot)."""
     b = by_id()["math500"]
     assert b.tasks == {"off": "apertus_minerva_math500", "think": "apertus_minerva_math500_think"}
-    task = _task(lm_eval_path, "apertus_minerva_math500")
+    task = _task(manager, "apertus_minerva_math500")
     assert task.config.num_fewshot == 4
     docs = list(task.test_docs())
     history = _history(task, docs[0])
@@ -155,12 +150,12 @@ def test_math500_is_the_minerva_prompt_with_four_shots_as_turns(lm_eval_path: Pa
     assert b.multi_turn  # the report runner passes --fewshot_as_multiturn
 
 
-def test_mean_at_k_scores_every_sampled_run(lm_eval_path: Path, data_env: Path) -> None:
+def test_mean_at_k_scores_every_sampled_run(manager, data_env: Path) -> None:
     """The thinking variant of MATH-500 samples 4 runs per problem and scores their mean (mean@4, Table 25),
     through lm-eval's own repeats: each answer goes through upstream's extraction (thinking stripped first)."""
     from lm_eval.api.instance import Instance
 
-    task = _task(lm_eval_path, "apertus_minerva_math500_think")
+    task = _task(manager, "apertus_minerva_math500_think")
     assert task.config.repeats == 4
     doc = list(task.test_docs())[0]  # 1/2 + 1/4 = 3/4
     right = "<think>add them</think>Final Answer: The final answer is $\\frac{3}{4}$. I hope it is correct."
@@ -176,10 +171,10 @@ def test_mean_at_k_scores_every_sampled_run(lm_eval_path: Path, data_env: Path) 
         assert s["math_verify"] == 0.5 and s["degenerate"] == 0.0  # 2 of 4 runs, the unclosed one scores nothing
 
 
-def test_derived_tasks_read_local_data_and_strip_thinking(lm_eval_path: Path, data_env: Path) -> None:
+def test_derived_tasks_read_local_data_and_strip_thinking(manager, data_env: Path) -> None:
     from lm_eval.api.instance import Instance
 
-    task = _task(lm_eval_path, "apertus_arc_challenge_chat")
+    task = _task(manager, "apertus_arc_challenge_chat")
     docs = list(task.test_docs())
     assert [task.doc_to_target(d) for d in docs] == ["B", "A"]  # upstream's target (numeric labels to letters)
     inst = Instance(request_type="generate_until", doc=docs[0], arguments=("", {}), idx=0,

@@ -88,7 +88,8 @@ def test_unmet_needs_stop_the_run_at_the_start(vllm_server: VLLMServer, tmp_path
     assert proc.returncode == 2, proc.stdout + proc.stderr
     err = proc.stderr
     assert "cannot run against" in err and "(apertus-tiny, context 4096)" in err
-    assert "apertus_ifeval: the protocol's budget of 16384 new tokens does not fit the served context of 4096" in err
+    assert ("apertus_minerva_math500: the protocol's budget of 16384 new tokens does not fit the served context of "
+            "4096") in err
     assert "--max-new-tokens" in err and "--max-model-len" in err
     assert "apertus_niah_single_1: needs the model's tokenizer: --tokenizer" in err
     assert "RULER at 262144 tokens needs a served context of at least 262272" in err
@@ -111,6 +112,19 @@ def test_unmet_needs_stop_the_run_at_the_start(vllm_server: VLLMServer, tmp_path
             "clips of up to 70 s; the server accepts 60 s: serve with --mm-processor-kwargs")
 
 
+def _workers(out: Path) -> list[int]:
+    """The worker processes of the run writing into ``out`` (their plan file is there)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "eval_tasks.report.worker" in cmd and str(out) in cmd:
+            found.append(int(proc.name))
+    return found
+
+
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not path.is_file():
@@ -127,46 +141,50 @@ def test_report_runs_the_smoke_suite_resumes_after_a_kill_and_writes_tables_and_
     out = tmp_path / "report"
     cmd = _report(vllm_server, out, "--suite", "smoke", "--limit", "2", "--tokenizer", str(tiny_model_dir),
                   "--lengths", "1024", "--max-new-tokens", "12")
-    first = out / "runs" / "apertus_ifeval" / "result.json"
+    first = out / "runs" / "apertus_truthfulqa_mc2" / "result.json"  # the suite's first task (log-likelihood)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         _wait_for(first, proc, timeout=600)
         os.killpg(proc.pid, signal.SIGKILL)  # the run and its worker die at once, mid-suite
     finally:
         proc.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while _workers(out):  # the run's worker (its own session, so not in the killed group) follows it out
+        assert time.monotonic() < deadline, "the worker outlived the killed run"
+        time.sleep(0.5)
     stamp = first.stat().st_mtime_ns
     assert not (out / "report.md").exists()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert first.stat().st_mtime_ns == stamp  # the finished task was not run again
     log = (out / "lm_eval.log").read_text(encoding="utf-8", errors="replace")
-    assert log.count("apertus_ifeval") >= 1
+    assert "apertus_minerva_math500" in log
     assert "apertus eval report smoke" in done.stderr  # the progress bar
     assert Path(done.stdout.strip()) == out / "report.md"
 
     report = (out / "report.md").read_text(encoding="utf-8")
     rows = json.loads((out / "report.json").read_text(encoding="utf-8"))["rows"]
     ran = {r["task"]: r for r in rows if r["task"]}
-    assert set(ran) == {"apertus_ifeval", "apertus_minerva_math500", "apertus_niah_single_1", "apertus_chartqa",
-                        "apertus_ai2d", "apertus_librispeech_test_clean", "apertus_vocalsound_test"}
+    assert set(ran) == {"apertus_truthfulqa_mc2", "apertus_minerva_math500", "apertus_niah_single_1", "apertus_ai2d",
+                        "apertus_librispeech_test_clean"}
     for row in (r for r in rows if r["task"]):
         if row["benchmark"] == "ruler_niah_single_1" and not row["label"].endswith(" 1k"):
             assert row["status"].startswith("not run at this length"), row  # the report's lengths, not run here
         else:
             assert row["status"] == "ok" and row["ours"] is not None, row
     by_task = {r["task"]: r for r in rows if r["task"] and r["status"] == "ok"}
-    assert by_task["apertus_ifeval"]["reference"]["value"] == 90.0
+    assert by_task["apertus_truthfulqa_mc2"]["reference"]["value"] == 56.1
     assert by_task["apertus_minerva_math500"]["reference"] == {"value": 50.2, "table": "L.3", "row": "MATH-500",
                                                                "column": "8B +SDPO"}
     assert by_task["apertus_ai2d"]["metric"] == "exact_match,flexible-extract"
     assert by_task["apertus_librispeech_test_clean"]["ours"] >= 0  # WER in percent, as the harness reports it
     for title in ("## Text, thinking off", "## Images, thinking off", "## Audio (Table 35)", "## Long context"):
         assert title in report
-    ifeval = next(line for line in report.splitlines() if line.startswith("| IFEval |"))
-    cells = [c.strip() for c in ifeval.strip("|").split("|")]
-    ours = by_task["apertus_ifeval"]["ours"]
-    assert cells[1:5] == [f"{ours:.1f}", "90.0", f"{ours - 90.0:+.1f}", "`apertus_ifeval`"]
-    assert "Table L.3, IFEval, 8B +SDPO" in ifeval and "limit: 2 items per task" in report
+    math = next(line for line in report.splitlines() if line.startswith("| MATH-500 (Minerva) |"))
+    cells = [c.strip() for c in math.strip("|").split("|")]
+    ours = by_task["apertus_minerva_math500"]["ours"]
+    assert cells[1:6] == [f"{ours:.1f}", "50.2", f"{ours - 50.2:+.1f}", "`apertus_minerva_math500`", "`math_verify,none`"]
+    assert "Table L.3, MATH-500, 8B +SDPO" in math and "limit: 2 items per task" in report
     assert f"{SERVED_NAME} at {vllm_server.base_url}" in report
 
     svg = ET.parse(out / "report.svg").getroot()
@@ -174,7 +192,7 @@ def test_report_runs_the_smoke_suite_resumes_after_a_kill_and_writes_tables_and_
     bars = {(r.get("class"), r.findtext(f"{ns}title").split(":")[0]) for r in svg.iter(f"{ns}rect") if r.get("class")}
     assert {c for c, _ in bars} == {"ours", "report"}
     labels = [t.text for t in svg.iter(f"{ns}text")]
-    for name in ("IFEval", "MATH-500 (Minerva)", "ChartQA", "AI2D", "LibriSpeech test-clean ↓", "VocalSound"):
+    for name in ("TruthfulQA (MC2)", "MATH-500 (Minerva)", "NIAH single 1 1k", "AI2D", "LibriSpeech test-clean ↓"):
         assert name in labels, name
     ours_bars = [r for r in svg.iter(f"{ns}rect") if r.get("class") == "ours"]
     assert len(ours_bars) == sum(1 for r in rows if r["ours"] is not None)
