@@ -70,7 +70,7 @@ class _LmEval:
         else:
             model = "local-completions"
             args = f"base_url={p['base_url']}/completions,{common},tokenizer_backend=huggingface,tokenizer={p['tokenizer']}"
-            chat = bool(item["chat"])
+            chat = item["kind"] == "completions" and bool(item["chat"])  # the base-model rows: no chat template
         gen = {"max_gen_toks": p["max_new_tokens"]} if p.get("max_new_tokens") else None
         return simple_evaluate(model=model, model_args=args, tasks=[item["task"]], task_manager=self.manager,
                                limit=p.get("limit"), log_samples=True, apply_chat_template=chat,
