@@ -6,7 +6,8 @@ found through the environment (this works the same for lm-eval, lmms-eval and th
 - ``APERTUS_EVAL_DATA_<KEY>`` (``KEY`` upper-cased): the folder (or file) of that dataset; or
 - ``APERTUS_EVAL_DATA``: a folder holding one sub-folder per dataset, named ``KEY`` (lower case).
 
-A set path that does not exist is an error naming the task and the setting; so is an unset path
+A path set for the dataset that does not exist is an error naming the task and the setting (a
+dataset missing from the ``APERTUS_EVAL_DATA`` folder comes from its hub); so is an unset path
 for a dataset that cannot be downloaded (gated or unpublished: SwitzerlandQA, the charter prompts,
 BFCL's JSON files). Without a setting the other tasks load their hub dataset as upstream does.
 
@@ -48,6 +49,8 @@ def local_path(task: str, key: str, required: bool, why: str = "") -> tuple[Path
     elif os.environ.get(ROOT_SETTING, "").strip():
         path = Path(os.environ[ROOT_SETTING].strip()).expanduser() / key.lower()
         source = f"{ROOT_SETTING} (sub-folder {key.lower()}/)"
+        if not path.exists() and not required:  # the root holds some datasets; this one comes from its hub
+            return None
     else:
         if required:
             raise DataPathError(

@@ -14,7 +14,9 @@ tokens kept in the output (``skip_special_tokens=False``) so the thinking span c
 answer; the task's stop strings plus the Apertus turn, sequence and tool-call stops; the task's
 output cap (``max_new_tokens``) unless ``max_new_tokens`` is given here; with thinking on, the
 protocol's thinking budget (32,768 tokens at temperature 0.6 and top-p 0.95, SPEC.md 7) instead of the
-task's cap; and never more than the served context leaves after the prompt (``max_model_len`` in
+task's cap (thinking is on when ``enable_thinking`` is given here or the task's ``generation_kwargs``
+set ``chat_template_kwargs.enable_thinking``, as the derived ``*_think`` tasks do); and never more
+than the served context leaves after the prompt (``max_model_len`` in
 ``/v1/models`` minus the prompt's ids from the server's ``/tokenize``: vLLM answers 400 to a request
 whose prompt and cap exceed its context). vLLM sampling parameters a task's
 ``generation_kwargs`` set (:data:`PASSTHROUGH`, e.g. ``logit_bias``, ``seed``) go into the request
@@ -217,16 +219,18 @@ class Apertus(lmms):
         until = gen.get("until") or []
         until = [until] if isinstance(until, str) else list(until)
         stops = list(dict.fromkeys([*until, *stop_strings()]))
+        # thinking: the model argument, or the task's chat template flag (the derived *_think tasks)
+        thinking = self.enable_thinking or bool((gen.get("chat_template_kwargs") or {}).get("enable_thinking"))
         if self.max_new_tokens:
             cap = self.max_new_tokens
-        elif self.enable_thinking:  # the task's cap counts no thinking: the protocol's thinking budget (SPEC.md 7)
+        elif thinking:  # the task's cap counts no thinking: the protocol's thinking budget (SPEC.md 7)
             cap = int(THINKING_DECODING["max_new_tokens"])
         else:
             cap = int(gen.get("max_new_tokens") or gen.get("max_gen_toks") or DEFAULT_DECODING["max_new_tokens"])
         if self.max_model_len:
             cap = min(cap, self.max_model_len)
         # sampling: the model argument, else the protocol's thinking setting, else the task's (greedy by default)
-        if self.enable_thinking:
+        if thinking:
             temperature, top_p = THINKING_DECODING["temperature"], THINKING_DECODING["top_p"]
         else:
             temperature, top_p = float(gen.get("temperature") or 0.0), gen.get("top_p")
@@ -239,7 +243,7 @@ class Apertus(lmms):
             "temperature": temperature,
             "stop": stops,
             "skip_special_tokens": False,
-            "chat_template_kwargs": {"enable_thinking": self.enable_thinking},
+            "chat_template_kwargs": {"enable_thinking": thinking},
         }
         if top_p is not None and float(top_p) != 1.0:
             body["top_p"] = float(top_p)

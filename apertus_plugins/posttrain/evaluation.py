@@ -18,7 +18,13 @@ lmms-eval tasks in ``eval_tasks``, the doctor, the verl rewards):
   {1, 2, 3, 10, 25, 50} (:func:`degeneration`);
 - BFCL-style scoring of tool calls parsed with the core's Apertus call parser
   (:func:`score_calls`, :func:`bfcl_tools`);
-- refusal detection for over-refusal benchmarks (:func:`is_refusal`).
+- refusal detection for over-refusal benchmarks (:func:`is_refusal`);
+- mean@k over repeated sampled runs (:data:`MEAN_AT_K`: 8 for AIME, 4 for other math and coding,
+  report 5.3.1) and the audio output caps (:func:`audio_max_tokens`: each task's own, 4,096 where
+  a task sets none, report 5.6);
+- the length-controlled win rate of a model's answers against baseline answers, from a judge's
+  pairwise preferences (:func:`length_controlled_win_rate`, AlpacaEval 2's length control; the
+  charter-alignment benchmark, report Table L.2).
 
 The judge client (an OpenAI-compatible judge, the expected value over rating tokens) lives in
 :mod:`apertus_plugins.posttrain.judges`.
@@ -40,8 +46,9 @@ from apertus_plugins.core.vocab import default_spec
 
 __all__ = [
     "DEFAULT_DECODING", "THINKING_DECODING", "DEGENERATION_NS", "DEGENERATION_THRESHOLD", "DEGENERATION_CHUNK",
-    "LONG_FORM_ASR_MAX_TOKENS", "AUDIO_SAMPLE_RATE", "CallScore", "Degeneration", "bfcl_tools", "degeneration",
-    "extract_boxed", "extract_choice", "extract_number", "is_refusal", "parse_calls",
+    "AUDIO_DEFAULT_MAX_TOKENS", "AUDIO_SAMPLE_RATE", "MEAN_AT_K", "CallScore", "Degeneration", "WinRate",
+    "audio_max_tokens", "bfcl_tools", "degeneration", "extract_boxed", "extract_choice",
+    "extract_number", "is_refusal", "length_controlled_win_rate", "mean_over_repeats", "parse_calls",
     "score_calls", "split_thinking", "stop_strings", "strip_thinking",
 ]
 
@@ -52,8 +59,34 @@ DEFAULT_DECODING: dict[str, Any] = {"enable_thinking": False, "temperature": 0.0
 #: Thinking on: sampled at the recommended temperature and top-p with twice the budget.
 THINKING_DECODING: dict[str, Any] = {"enable_thinking": True, "temperature": 0.6, "top_p": 0.95,
                                      "max_new_tokens": 32768}
-#: Long-form speech recognition (TED-LIUM long form) needs a large output cap.
-LONG_FORM_ASR_MAX_TOKENS = 4096
+#: The output cap of an audio task that sets none (report 5.6, Table 35). TED-LIUM long form gets it
+#: too: its own cap of 256 tokens would cut off transcripts of up to 4,164 words.
+AUDIO_DEFAULT_MAX_TOKENS = 4096
+
+#: mean@k of the thinking-mode evaluations (report 5.3.1, Table 25): k sampled runs per item,
+#: the score averaged over them; by kind of benchmark.
+MEAN_AT_K: dict[str, int] = {"aime": 8, "math": 4, "code": 4}
+
+
+def audio_max_tokens(task_cap: int | None) -> int:
+    """The output cap of an audio task under the protocol: the task's own, else :data:`AUDIO_DEFAULT_MAX_TOKENS`."""
+    if task_cap is None:
+        return AUDIO_DEFAULT_MAX_TOKENS
+    cap = int(task_cap)
+    if cap < 1:
+        raise ValueError(f"an output cap must be a positive number of tokens, got {task_cap!r}")
+    return cap
+
+
+def mean_over_repeats(scores: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """mean@k: each metric averaged over the k runs of one item (all runs must report the same metrics)."""
+    if not scores:
+        raise ValueError("mean over repeats of no run")
+    keys = set(scores[0])
+    for k, run in enumerate(scores[1:], 1):
+        if set(run) != keys:
+            raise ValueError(f"run {k} reports {sorted(run)}, run 0 {sorted(keys)}")
+    return {key: sum(float(run[key]) for run in scores) / len(scores) for key in scores[0]}
 
 
 def _audio_rate() -> int:
@@ -437,3 +470,52 @@ def is_refusal(text: str) -> bool:
     if not answer:
         return False
     return bool(_REFUSAL.search(answer) or _REFUSAL_ANYWHERE.search(answer[:400]))
+
+
+# ---------------------------------------------------------------------------------------------- win rates
+
+@dataclass
+class WinRate:
+    """Result of :func:`length_controlled_win_rate` (all rates in [0, 1])."""
+
+    lc_win_rate: float  # the win rate with the length difference held at zero
+    win_rate: float  # the raw mean preference
+    length_coef: float  # how much a longer answer sways the judge (the fitted length term)
+    n: int
+
+
+def length_controlled_win_rate(preferences: Sequence[float], lengths: Sequence[float],
+                               baseline_lengths: Sequence[float], l2: float = 1e-2,
+                               iterations: int = 100) -> WinRate:
+    """The length-controlled win rate of answers against baseline answers (AlpacaEval 2).
+
+    ``preferences[i]`` is the judge's probability that answer ``i`` is better than its baseline
+    (soft labels in [0, 1]); ``lengths`` and ``baseline_lengths`` their lengths. A logistic model
+    ``P(win) = sigmoid(b + w * tanh(d / s))`` with ``d`` the length difference and ``s`` its
+    standard deviation is fitted by maximum likelihood (Newton's method, a small L2 penalty on
+    ``w``); the length-controlled win rate is ``sigmoid(b)``: the preference the judge would
+    state if both answers had the same length (Dubois et al., 2024, without the per-instruction
+    difficulty term, which needs many models).
+    """
+    import numpy as np
+
+    p = np.asarray(preferences, dtype=np.float64)
+    d = np.asarray(lengths, dtype=np.float64) - np.asarray(baseline_lengths, dtype=np.float64)
+    if p.ndim != 1 or p.shape != d.shape or p.size == 0:
+        raise ValueError(f"need as many preferences as length pairs, at least one ({p.shape} vs {d.shape})")
+    if not np.all((p >= 0.0) & (p <= 1.0)):
+        raise ValueError("preferences must be probabilities in [0, 1]")
+    scale = float(d.std()) or 1.0
+    x = np.stack([np.ones_like(d), np.tanh(d / scale)], axis=1)
+    beta = np.zeros(2)
+    penalty = np.diag([1e-6, l2])  # a whisper on b keeps a unanimous judge finite
+    for _ in range(iterations):
+        q = 1.0 / (1.0 + np.exp(-(x @ beta)))
+        grad = x.T @ (q - p) + penalty @ beta
+        hess = x.T @ (x * (q * (1.0 - q))[:, None]) + penalty + 1e-9 * np.eye(2)
+        step = np.linalg.solve(hess, grad)
+        beta -= step
+        if float(np.abs(step).max()) < 1e-10:
+            break
+    lc = float(1.0 / (1.0 + math.exp(-float(np.clip(beta[0], -50.0, 50.0)))))
+    return WinRate(lc_win_rate=lc, win_rate=float(p.mean()), length_coef=float(beta[1]), n=int(p.size))

@@ -6,14 +6,19 @@ import pytest
 
 from apertus_plugins.core.chat.parse import CALL_CLOSE, CALL_OPEN, EOS, TURN_END
 from apertus_plugins.posttrain.evaluation import (
+    AUDIO_DEFAULT_MAX_TOKENS,
     DEFAULT_DECODING,
+    MEAN_AT_K,
     THINKING_DECODING,
+    audio_max_tokens,
     bfcl_tools,
     degeneration,
     extract_boxed,
     extract_choice,
     extract_number,
     is_refusal,
+    length_controlled_win_rate,
+    mean_over_repeats,
     parse_calls,
     score_calls,
     split_thinking,
@@ -230,3 +235,46 @@ def test_protocol_settings_and_stops() -> None:
     assert THINKING_DECODING["max_new_tokens"] == 32768 and THINKING_DECODING["top_p"] == 0.95
     assert stop_strings() == [TURN_END, EOS, CALL_CLOSE]
     assert CALL_CLOSE not in stop_strings(tool_calls=False)
+
+
+# ------------------------------------------------------------------ the report's scoring rules
+
+
+def test_mean_at_k_averages_every_run() -> None:
+    assert MEAN_AT_K == {"aime": 8, "math": 4, "code": 4}  # report 5.3.1, Table 25
+    assert mean_over_repeats([{"exact_match": 1.0}, {"exact_match": 0.0}, {"exact_match": 1.0},
+                              {"exact_match": 1.0}]) == {"exact_match": 0.75}
+    with pytest.raises(ValueError, match="run 1 reports"):
+        mean_over_repeats([{"a": 1.0}, {"b": 1.0}])
+
+
+def test_audio_caps_are_the_tasks_own_or_4096() -> None:
+    assert AUDIO_DEFAULT_MAX_TOKENS == 4096  # report 5.6, Table 35
+    assert audio_max_tokens(None) == 4096 and audio_max_tokens(256) == 256 and audio_max_tokens(8) == 8
+    with pytest.raises(ValueError, match="positive"):
+        audio_max_tokens(0)
+
+
+def test_length_controlled_win_rate_discounts_a_judge_that_likes_long_answers() -> None:
+    """A judge swayed by length: the raw win rate follows the model's longer answers, the length-controlled
+    one is the judge's preference at equal length (a coin flip here); a judge that also prefers the model
+    at equal length keeps that preference, and one that ignores length is left alone."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    base = rng.integers(200, 400, 400).astype(float)
+    longer = base * rng.uniform(0.8, 2.0, 400)  # the model mostly writes more
+    d = longer - base
+    swayed = 1.0 / (1.0 + np.exp(-3.0 * np.tanh(d / d.std())))  # the judge: no preference at equal length
+    out = length_controlled_win_rate(swayed, longer, base)
+    assert out.win_rate > 0.75 and abs(out.lc_win_rate - 0.5) < 0.01 and abs(out.length_coef - 3.0) < 0.05
+    better = 1.0 / (1.0 + np.exp(-(1.0 + 3.0 * np.tanh(d / d.std()))))  # prefers the model at equal length too
+    out = length_controlled_win_rate(better, longer, base)
+    assert abs(out.lc_win_rate - 1.0 / (1.0 + np.exp(-1.0))) < 0.01 and out.win_rate > out.lc_win_rate
+    fair = np.full(400, 0.7)  # the same preference whatever the length
+    out = length_controlled_win_rate(fair, longer, base)
+    assert abs(out.lc_win_rate - 0.7) < 0.01 and abs(out.win_rate - 0.7) < 1e-9 and abs(out.length_coef) < 0.05
+    unanimous = length_controlled_win_rate([1.0] * 5, [10, 20, 30, 40, 50], [10, 10, 10, 10, 10])
+    assert 0.9 < unanimous.lc_win_rate <= 1.0
+    with pytest.raises(ValueError, match="probabilities"):
+        length_controlled_win_rate([1.5], [1], [1])

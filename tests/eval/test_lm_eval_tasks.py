@@ -1,5 +1,6 @@
-"""The Apertus lm-eval tasks in the real lm-eval harness: against a real vLLM server end to end,
-their settings against the core's protocol facts, and their errors."""
+"""The Apertus lm-eval tasks, derived from the installed lm-eval's own task configs, in the real
+lm-eval harness: their generated folder, their settings against the core's protocol facts,
+against a real vLLM server end to end, and their errors."""
 
 from __future__ import annotations
 
@@ -14,25 +15,19 @@ import pytest
 import yaml
 from conftest import SERVED_NAME
 
-from apertus_plugins.cli.eval_path import include_path
 from apertus_plugins.infra.client import http_json
-from apertus_plugins.posttrain.evaluation import DEFAULT_DECODING, THINKING_DECODING, stop_strings
+from apertus_plugins.posttrain.evaluation import DEFAULT_DECODING, MEAN_AT_K, THINKING_DECODING, stop_strings
 from apertus_plugins.testing.serve import VLLMServer
+from eval_tasks.catalogue import by_id, load
+from eval_tasks.derive import include_path, manifest
 
-LM_EVAL = include_path("lm_eval")
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_TASKS = ROOT / "eval_tasks" / "lm_eval"
 
-TASKS = ["apertus_mmlu_chat", "apertus_arc_challenge_chat", "apertus_gsm8k_chat", "apertus_math500_chat",
-         "apertus_ifeval_chat", "apertus_switzerland_qa", "apertus_or_bench_hard", "apertus_bfcl_v3_simple",
-         "apertus_bfcl_v3_parallel", "apertus_bfcl_v3_irrelevance", "apertus_mmlu_chat_think",
-         "apertus_charter_alignment"]
-METRICS = {
-    "apertus_mmlu_chat": "exact_match", "apertus_arc_challenge_chat": "exact_match",
-    "apertus_gsm8k_chat": "exact_match", "apertus_math500_chat": "math_verify",
-    "apertus_ifeval_chat": "prompt_level_loose_acc", "apertus_switzerland_qa_de": "exact_match",
-    "apertus_or_bench_hard": "refusal_rate", "apertus_bfcl_v3_simple": "acc", "apertus_bfcl_v3_parallel": "acc",
-    "apertus_bfcl_v3_irrelevance": "acc", "apertus_mmlu_chat_think": "exact_match",
-    "apertus_charter_alignment": "charter_score",
-}
+
+@pytest.fixture(scope="module")
+def lm_eval_path() -> Path:
+    return include_path("lm_eval")
 
 
 def _yaml(path: Path) -> dict:
@@ -43,48 +38,230 @@ def _yaml(path: Path) -> dict:
     return yaml.load(path.read_text(), Loader=Loader)
 
 
-def _task_yamls() -> list[Path]:
-    return sorted(p for p in LM_EVAL.rglob("apertus_*.yaml") if "task" in _yaml(p) and "group" not in _yaml(p))
+def _resolved(path: Path) -> dict:
+    """A generated task's config with its includes resolved by lm-eval's own loader (functions unresolved)."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    return load_yaml(path, resolve_func=False)
 
 
-@pytest.mark.parametrize("path", _task_yamls(), ids=lambda p: p.stem)
-def test_every_task_follows_the_protocol(path: Path) -> None:
-    cfg = _yaml(path)
-    if "include" in cfg:
-        cfg = {**_yaml(path.parent / cfg["include"]), **cfg}
-    gen = cfg["generation_kwargs"]
-    thinking = gen["chat_template_kwargs"]["enable_thinking"]
-    want = THINKING_DECODING if thinking else DEFAULT_DECODING
-    assert cfg["task"].startswith("apertus_") and cfg["task"].endswith("_think") == thinking
-    assert gen["max_gen_toks"] == want["max_new_tokens"] and gen["temperature"] == want["temperature"]
-    assert gen.get("top_p", None) == want.get("top_p", None)
-    assert gen["skip_special_tokens"] is False  # the thinking span and the call markers stay visible
-    tool_task = "bfcl" in cfg["task"]
-    assert gen["until"] == stop_strings(tool_calls=tool_task)
-    assert gen.get("include_stop_str_in_output", False) is tool_task
-    assert (path.parent / "utils.py").is_file()
-    assert "degenerate" in [m["metric"] for m in cfg["metric_list"]]
+def test_every_derived_task_follows_the_protocol(lm_eval_path: Path) -> None:
+    """Each task is upstream's YAML of the installed lm-eval (or this package's template) by ``include:``
+    with the protocol's generation settings on top; thinking variants sample with the thinking budget
+    and repeat where the report reports mean@k."""
+    catalogue = by_id()
+    templates = {str(PACKAGE_TASKS / str(b.template)): b for b in load() if b.kind == "handwritten"}
+    checked = 0
+    for path in sorted(lm_eval_path.glob("*.yaml")):
+        cfg = _yaml(path)
+        if "group" in cfg:
+            continue
+        name = cfg["task"]
+        assert Path(cfg["include"]).is_absolute() and Path(cfg["include"]).is_file(), name
+        b = templates.get(cfg["include"]) or catalogue[cfg["metadata"]["apertus_benchmark"]]
+        if b.kind not in ("chat", "handwritten"):
+            assert "generation_kwargs" not in cfg and "class" not in cfg, name  # upstream's own scoring
+            continue
+        gen, thinking = cfg["generation_kwargs"], name.endswith("_think")
+        want = THINKING_DECODING if thinking else DEFAULT_DECODING
+        assert gen["chat_template_kwargs"] == {"enable_thinking": thinking}, name
+        assert gen["max_gen_toks"] == want["max_new_tokens"] and gen["temperature"] == want["temperature"]
+        assert gen.get("top_p") == want.get("top_p") and gen["do_sample"] is thinking
+        assert gen["skip_special_tokens"] is False  # the thinking span and the call markers stay visible
+        tools = "tools" in b.needs
+        assert gen["until"] == stop_strings(tool_calls=tools) and gen.get("include_stop_str_in_output", False) is tools
+        k = MEAN_AT_K[b.think] if thinking and isinstance(b.think, str) else 1
+        assert cfg.get("repeats", 1) == k, name
+        if b.kind == "chat":
+            assert cfg["class"] == "eval_tasks.lm_eval.protocol.ApertusTask", name
+        checked += 1
+    assert checked > 300  # MMLU's 57 subjects, BBH's 27 tasks... twice with thinking
+    # the folder's named tasks are exactly the catalogue's text benchmarks, in the modes the report runs them
+    tasks = manifest("lm_eval")["tasks"]
+    assert set(tasks) == {t for b in load() if b.runnable and b.harness == "lm_eval" for t in b.tasks.values()}
+    assert tasks["apertus_aime24_think"]["repeats"] == 8 and tasks["apertus_minerva_math500_think"]["repeats"] == 4
+    assert tasks["apertus_humaneval_instruct_think"]["repeats"] == 4 and tasks["apertus_ifeval"]["repeats"] == 1
 
 
-def test_eval_path_cli_prints_the_include_paths() -> None:
-    for harness in ("lm_eval", "lmms_eval"):
-        out = subprocess.run([sys.executable, "-m", "apertus_plugins.cli", "eval-path", harness], check=True,
-                             capture_output=True, text=True).stdout.strip()
-        assert Path(out) == include_path(harness) and Path(out).is_dir()
+def test_no_upstream_config_is_copied(lm_eval_path: Path) -> None:
+    """The package holds templates only where upstream has no task, and BFCL's eleven categories and
+    SwitzerlandQA's five languages come from one definition each (their ``SUBTASKS``)."""
+    yamls = sorted(p.relative_to(PACKAGE_TASKS).as_posix() for p in PACKAGE_TASKS.rglob("*.yaml"))
+    assert yamls == ["bfcl_v3/bfcl_v3.yaml", "charter_alignment/apertus_charter_alignment.yaml",
+                     "or_bench/apertus_or_bench_hard.yaml", "switzerland_qa/switzerland_qa.yaml"]
+    for path in PACKAGE_TASKS.rglob("*.yaml"):
+        assert "generation_kwargs" not in _yaml(path), path  # the protocol's settings are stated in one place
+    bfcl = sorted(lm_eval_path.glob("apertus_bfcl_v3_*.yaml"))
+    assert len(bfcl) == 12  # eleven categories and their group
+    for path in bfcl:
+        cfg = _yaml(path)
+        if "group" in cfg:
+            assert len(cfg["task"]) == 11
+            continue
+        assert cfg["include"] == str(PACKAGE_TASKS / "bfcl_v3" / "bfcl_v3.yaml")
+        assert cfg["metadata"]["bfcl_category"] == cfg["task"][len("apertus_bfcl_v3_"):]
 
 
-def _run_lm_eval(server: VLLMServer, tasks: list[str], out: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "lm_eval", "--model", "local-chat-completions",
-           "--model_args", f"base_url={server.base_url}/chat/completions,model={SERVED_NAME},tokenizer_backend=none",
-           "--apply_chat_template", "--fewshot_as_multiturn", "--tasks", ",".join(tasks),
-           "--include_path", str(LM_EVAL), "--gen_kwargs", "max_gen_toks=12",
-           "--output_path", str(out), "--log_samples"]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+def test_eval_path_is_generated_once_and_deterministic(lm_eval_path: Path, tmp_path: Path) -> None:
+    """`apertus eval-path` writes the folder once (a second call reads no harness config and writes
+    nothing), with the same bytes as the folder another process generated (the suite's)."""
+    env = {**os.environ, "APERTUS_EVAL_TASKS_CACHE": str(tmp_path / "cache")}
+    folders = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-m", "apertus_plugins.cli", "eval-path", "lm_eval"], check=True,
+                             capture_output=True, text=True, env=env).stdout.strip()
+        folders.append(Path(out))
+    folder = folders[0]
+    assert folders[1] == folder and folder.parent == tmp_path / "cache" and folder.name == lm_eval_path.name
+    assert [p.name for p in folder.parent.iterdir() if not p.name.startswith(".")] == [folder.name]  # one copy
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in lm_eval_path.iterdir())
+    assert all((folder / p.name).read_bytes() == p.read_bytes() for p in lm_eval_path.iterdir())
 
 
-def _chat(logged: str | list) -> list[dict]:
-    """The chat history of a logged request (lm-eval logs its JSON string, wrapped in a list)."""
-    return json.loads(logged[0] if isinstance(logged, list) else logged)
+@pytest.fixture(scope="module")
+def manager(lm_eval_path: Path):
+    """lm-eval's task manager over the Apertus folder alone (its index is built once for the module)."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=str(lm_eval_path), include_defaults=False)
+
+
+def _task(manager, name: str):
+    return manager.load([name])["tasks"][name]
+
+
+def _history(task, doc) -> list[dict]:
+    """The chat history lm-eval sends for ``doc`` with the chat template and shots as turns."""
+    return task.fewshot_context(doc, task.config.num_fewshot, apply_chat_template=True, fewshot_as_multiturn=True,
+                                chat_template=lambda msgs, add_generation_prompt=True: msgs)
+
+
+def test_math500_is_the_minerva_prompt_with_four_shots_as_turns(manager, data_env: Path) -> None:
+    """MATH-500 as Table L.1 runs it: the Minerva prompt, 4 shots, each shot an earlier turn (it was 0-shot)."""
+    b = by_id()["math500"]
+    assert b.tasks == {"off": "apertus_minerva_math500", "think": "apertus_minerva_math500_think"}
+    task = _task(manager, "apertus_minerva_math500")
+    assert task.config.num_fewshot == 4
+    docs = list(task.test_docs())
+    history = _history(task, docs[0])
+    assert [m["role"] for m in history] == ["user", "assistant"] * 4 + ["user"]
+    assert history[-1]["content"].startswith("Problem:\n") and "\\frac{1}{2}" in history[-1]["content"]
+    assert "Final Answer: The final answer is" in history[1]["content"]  # Minerva's worked answers
+    assert b.multi_turn  # the report runner passes --fewshot_as_multiturn
+
+
+def test_mean_at_k_scores_every_sampled_run(manager, data_env: Path) -> None:
+    """The thinking variant of MATH-500 samples 4 runs per problem and scores their mean (mean@4, Table 25),
+    through lm-eval's own repeats: each answer goes through upstream's extraction (thinking stripped first)."""
+    from lm_eval.api.instance import Instance
+
+    task = _task(manager, "apertus_minerva_math500_think")
+    assert task.config.repeats == 4
+    doc = list(task.test_docs())[0]  # 1/2 + 1/4 = 3/4
+    right = "<think>add them</think>Final Answer: The final answer is $\\frac{3}{4}$. I hope it is correct."
+    wrong = "Final Answer: The final answer is $7$. I hope it is correct."
+    unclosed = "<think>Final Answer: The final answer is $\\frac{3}{4}$."  # the budget ran out while thinking
+    inst = Instance(request_type="generate_until", doc=doc, arguments=("", {}), idx=0,
+                    metadata=("apertus_minerva_math500_think", 0, 4))
+    inst.resps = [right, wrong, right, unclosed]
+    task._instances = [inst]
+    task.apply_filters()
+    scores = [task.process_results(doc, [inst.filtered_resps[key]]) for key in inst.filtered_resps]
+    for s in scores:
+        assert s["math_verify"] == 0.5 and s["degenerate"] == 0.0  # 2 of 4 runs, the unclosed one scores nothing
+
+
+def test_derived_tasks_read_local_data_and_strip_thinking(manager, data_env: Path) -> None:
+    from lm_eval.api.instance import Instance
+
+    task = _task(manager, "apertus_arc_challenge_chat")
+    docs = list(task.test_docs())
+    assert [task.doc_to_target(d) for d in docs] == ["B", "A"]  # upstream's target (numeric labels to letters)
+    inst = Instance(request_type="generate_until", doc=docs[0], arguments=("", {}), idx=0,
+                    metadata=("apertus_arc_challenge_chat", 0, 1))
+    inst.resps = ["<think>A? no, B</think>B"]
+    task._instances = [inst]
+    task.apply_filters()
+    assert inst.filtered_resps == {"remove_whitespace": "B"}  # upstream's filter on the visible answer
+    assert task.process_results(docs[0], ["B"])["exact_match"] == 1.0
+
+
+def test_missing_data_names_the_task_and_the_setting(lm_eval_path: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from lm_eval.tasks import TaskManager
+
+    from eval_tasks.data import DataPathError
+
+    for key in [k for k in os.environ if k.startswith("APERTUS_EVAL_DATA")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tm = TaskManager(include_path=str(lm_eval_path), include_defaults=False)
+    with pytest.raises(DataPathError, match=r"task apertus_switzerland_qa_de: no local data .*"
+                                            r"APERTUS_EVAL_DATA_SWITZERLAND_QA.*gated"):
+        tm.load(["apertus_switzerland_qa_de"])
+    monkeypatch.setenv("APERTUS_EVAL_DATA_MATH_500", str(tmp_path / "nowhere"))
+    with pytest.raises(DataPathError, match=r"task apertus_minerva_math500: the data path .*nowhere given by "
+                                            r"APERTUS_EVAL_DATA_MATH_500 does not exist"):
+        tm.load(["apertus_minerva_math500"])
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("APERTUS_EVAL_DATA_MATH_500", str(tmp_path / "empty"))
+    with pytest.raises(DataPathError, match=r"task apertus_minerva_math500: no data for split 'test' under .*empty"):
+        tm.load(["apertus_minerva_math500"])
+    (tmp_path / "bfcl").mkdir()
+    monkeypatch.setenv("APERTUS_EVAL_DATA_BFCL_V3", str(tmp_path / "bfcl"))
+    with pytest.raises(DataPathError, match=r"task apertus_bfcl_v3_simple: .*BFCL_v3_simple.json .*does not exist"):
+        tm.load(["apertus_bfcl_v3_simple"])
+
+
+def test_an_unreachable_judge_names_the_task_and_the_setting(lm_eval_path: Path, data_env: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from lm_eval.tasks import TaskManager
+
+    from apertus_plugins.testing.serve import free_port
+
+    tm = TaskManager(include_path=str(lm_eval_path), include_defaults=False)
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    for key, value in _judge_env(url, data_env, 20).items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(RuntimeError, match=r"task apertus_charter_alignment: the judge given by "
+                                           r"APERTUS_EVAL_JUDGE_URL=http://127.0.0.1:\d+/v1 .*unreachable"):
+        tm.load(["apertus_charter_alignment"])
+    monkeypatch.delenv("APERTUS_EVAL_JUDGE_URL")
+    with pytest.raises(RuntimeError, match=r"task apertus_charter_alignment: no judge; set APERTUS_EVAL_JUDGE_URL"):
+        tm.load(["apertus_charter_alignment"])
+
+
+def test_charter_alignment_is_a_length_controlled_win_rate() -> None:
+    """Table L.2 scores charter alignment as a length-controlled win rate against baseline answers (it was
+    a 0-9 judge score): the task aggregates the judge's preferences with the length term held at zero."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("charter_utils", PACKAGE_TASKS / "charter_alignment" / "utils.py")
+    utils = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(utils)
+    cfg = _yaml(PACKAGE_TASKS / "charter_alignment" / "apertus_charter_alignment.yaml")
+    assert [m["metric"] for m in cfg["metric_list"]] == ["lc_win_rate", "win_rate", "degenerate"]
+    assert by_id()["charter_alignment"].rows[0].metric == "lc_win_rate,none"
+    # a judge that prefers whichever answer is longer: the model wins by length only
+    items = [(0.9, 900, 300), (0.1, 200, 600), (0.85, 800, 350), (0.15, 250, 700), (0.8, 700, 300), (0.2, 300, 650)]
+    assert 0.4 < utils.lc_win_rate(items) < 0.6
+    assert utils.lc_win_rate([(0.9, 400, 400), (0.8, 300, 300), (0.9, 500, 500)]) > 0.8
+
+
+# ------------------------------------------------------------------ end to end against the served checkpoint
+
+E2E_TASKS = ["apertus_arc_challenge_chat", "apertus_gsm8k_cot_llama", "apertus_minerva_math500",
+             "apertus_minerva_math500_think", "apertus_ifeval", "apertus_switzerland_qa", "apertus_or_bench_hard",
+             "apertus_bfcl_v3_simple", "apertus_bfcl_v3_parallel", "apertus_bfcl_v3_irrelevance",
+             "apertus_charter_alignment"]
+METRICS = {
+    "apertus_arc_challenge_chat": "exact_match,remove_whitespace", "apertus_gsm8k_cot_llama": "exact_match,strict-match",
+    "apertus_minerva_math500": "math_verify,none", "apertus_minerva_math500_think": "math_verify,none",
+    "apertus_ifeval": "prompt_level_loose_acc,none", "apertus_switzerland_qa_de": "exact_match,none",
+    "apertus_or_bench_hard": "refusal_rate,none", "apertus_bfcl_v3_simple": "acc,none",
+    "apertus_bfcl_v3_parallel": "acc,none", "apertus_bfcl_v3_irrelevance": "acc,none",
+    "apertus_charter_alignment": "lc_win_rate,none",
+}
 
 
 def _judge_env(server_url: str, data: Path, top_logprobs: int) -> dict[str, str]:
@@ -92,46 +269,59 @@ def _judge_env(server_url: str, data: Path, top_logprobs: int) -> dict[str, str]
             "APERTUS_EVAL_CHARTER": str(data / "charter.md"), "APERTUS_EVAL_JUDGE_TOP_LOGPROBS": str(top_logprobs)}
 
 
-def test_lm_eval_runs_every_task_end_to_end(vllm_server: VLLMServer, judge_top_logprobs: int, data_env: Path,
-                                            tmp_path: Path) -> None:
-    # the served checkpoint is also the charter-alignment judge: it returns logprobs over its whole
-    # output vocabulary, so every rating digit is among the alternatives
+def _chat(logged: str | list) -> list[dict]:
+    """The chat history of a logged request (lm-eval logs its JSON string, wrapped in a list)."""
+    return json.loads(logged[0] if isinstance(logged, list) else logged)
+
+
+def test_lm_eval_runs_the_tasks_end_to_end(vllm_server: VLLMServer, judge_top_logprobs: int, data_env: Path,
+                                           lm_eval_path: Path, tmp_path: Path) -> None:
+    """lm-eval's own command line (``--include_path "$(apertus eval-path lm_eval)"``) runs derived and
+    hand-written tasks against the served checkpoint; the served model is also the charter judge (it
+    returns logprobs over its whole output vocabulary, so both verdict digits are among them)."""
     env = {**os.environ, **_judge_env(vllm_server.base_url, data_env, judge_top_logprobs)}
-    proc = _run_lm_eval(vllm_server, TASKS, tmp_path / "out", env)
+    cmd = [sys.executable, "-m", "lm_eval", "--model", "local-chat-completions",
+           "--model_args", f"base_url={vllm_server.base_url}/chat/completions,model={SERVED_NAME},tokenizer_backend=none",
+           "--apply_chat_template", "--fewshot_as_multiturn", "--tasks", ",".join(E2E_TASKS),
+           "--include_path", str(lm_eval_path), "--gen_kwargs", "max_gen_toks=12",
+           "--output_path", str(tmp_path / "out"), "--log_samples"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     results_files = glob.glob(str(tmp_path / "out" / "**" / "results_*.json"), recursive=True)
     assert len(results_files) == 1
     results = json.loads(Path(results_files[0]).read_text())["results"]
     for task, metric in METRICS.items():
-        assert f"{metric},none" in results[task], (task, results[task])
-        assert "degenerate,none" in results[task]
-        assert 0.0 <= results[task][f"{metric},none"] <= (9.0 if metric == "charter_score" else 1.0)
+        assert metric in results[task], (task, results[task])
+        assert "degenerate,none" in results[task] or "degenerate," in " ".join(results[task]), (task, results[task])
+        assert 0.0 <= results[task][metric] <= 1.0
     for lang in ("en", "de", "fr", "it", "rm"):
         assert f"apertus_switzerland_qa_{lang}" in results
     samples = {Path(f).name.split("_20")[0]: [json.loads(x) for x in Path(f).read_text().splitlines()]
                for f in glob.glob(str(tmp_path / "out" / "**" / "samples_*.jsonl"), recursive=True)}
     # the small cap from the command line reached every request; the protocol's settings stayed
-    gsm = samples["samples_apertus_gsm8k_chat"][0]["arguments"]["gen_args_0"]
+    gsm = samples["samples_apertus_gsm8k_cot_llama"][0]["arguments"]["gen_args_0"]
     assert gsm["arg_1"]["max_gen_toks"] == 12 and gsm["arg_1"]["chat_template_kwargs"] == {"enable_thinking": False}
-    history = _chat(gsm["arg_0"])
-    assert [m["role"] for m in history] == ["user", "assistant"] * 8 + ["user"]  # eight shots as turns
-    think = samples["samples_apertus_mmlu_chat_think"][0]["arguments"]["gen_args_0"]["arg_1"]
-    assert think["chat_template_kwargs"] == {"enable_thinking": True} and think["temperature"] == 0.6
+    assert [m["role"] for m in _chat(gsm["arg_0"])] == ["user", "assistant"] * 8 + ["user"]  # eight shots as turns
+    math = samples["samples_apertus_minerva_math500"][0]["arguments"]["gen_args_0"]
+    assert [m["role"] for m in _chat(math["arg_0"])] == ["user", "assistant"] * 4 + ["user"]  # Minerva: four
+    think = samples["samples_apertus_minerva_math500_think"]
+    assert len(think) == 2 and all(len(row["resps"][0]) == 4 for row in think)  # mean@4: four sampled runs each
+    args = think[0]["arguments"]["gen_args_0"]["arg_1"]
+    assert args["chat_template_kwargs"] == {"enable_thinking": True} and args["temperature"] == 0.6
     # BFCL: the item's own messages, its tools in the template's kwargs, one request group per item
     bfcl = samples["samples_apertus_bfcl_v3_parallel"][0]["arguments"]["gen_args_0"]
     assert _chat(bfcl["arg_0"])[0] == {"role": "system", "content": "Be brief."}
     assert bfcl["arg_1"]["chat_template_kwargs"]["tools"][0]["function"]["name"] == "add"
     assert bfcl["arg_1"]["user"] == "apertus_bfcl_v3_parallel/parallel_0"
-    for name, rows in samples.items():
-        for row in rows:
-            assert isinstance(row["resps"][0][0], str), name
+    charter = samples["samples_apertus_charter_alignment"]
+    assert all(len(row["lc_win_rate"]) == 3 and 0.0 <= row["win_rate"] <= 1.0 for row in charter)
 
 
 def test_bfcl_tools_reach_the_developer_block(vllm_server: VLLMServer) -> None:
     """What the BFCL requests carry renders the tools where the template declares them."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("bfcl_utils", LM_EVAL / "bfcl_v3" / "utils.py")
+    spec = importlib.util.spec_from_file_location("bfcl_utils", PACKAGE_TASKS / "bfcl_v3" / "utils.py")
     utils = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(utils)
     doc = {"functions": json.dumps([{"name": "add", "description": "Add two numbers.",
@@ -143,60 +333,3 @@ def test_bfcl_tools_reach_the_developer_block(vllm_server: VLLMServer) -> None:
     assert status == 200, body
     prompt = "".join(body["token_strs"]).replace("Ġ", " ").replace("Ċ", "\n")
     assert "Tool Capabilities:\n// Add two numbers.\ntype add = (_: {\na?: number\n}) => any;" in prompt
-
-
-def test_missing_data_names_the_task_and_the_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from lm_eval.tasks import TaskManager
-
-    for key in [k for k in os.environ if k.startswith("APERTUS_EVAL_DATA")]:
-        monkeypatch.delenv(key)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    tm = TaskManager(include_path=str(LM_EVAL), include_defaults=False)
-    from eval_tasks.data import DataPathError
-
-    # a gated dataset without a local copy
-    with pytest.raises(DataPathError, match=r"task apertus_switzerland_qa_de: no local data .*"
-                                            r"APERTUS_EVAL_DATA_SWITZERLAND_QA.*gated"):
-        tm.load_task_or_group(["apertus_switzerland_qa_de"])
-    # a path that does not exist
-    monkeypatch.setenv("APERTUS_EVAL_DATA_MMLU", str(tmp_path / "nowhere"))
-    with pytest.raises(DataPathError, match=r"task apertus_mmlu_chat: the data path .*nowhere given by "
-                                            r"APERTUS_EVAL_DATA_MMLU does not exist"):
-        tm.load_task_or_group(["apertus_mmlu_chat"])
-    # a folder without the split
-    (tmp_path / "empty").mkdir()
-    monkeypatch.setenv("APERTUS_EVAL_DATA_MMLU", str(tmp_path / "empty"))
-    with pytest.raises(DataPathError, match=r"task apertus_mmlu_chat: no data for split 'test' under .*empty"):
-        tm.load_task_or_group(["apertus_mmlu_chat"])
-    # BFCL's files are looked up in their published layout
-    (tmp_path / "bfcl").mkdir()
-    monkeypatch.setenv("APERTUS_EVAL_DATA_BFCL_V3", str(tmp_path / "bfcl"))
-    with pytest.raises(DataPathError, match=r"task apertus_bfcl_v3_simple: .*BFCL_v3_simple.json .*does not exist"):
-        tm.load_task_or_group(["apertus_bfcl_v3_simple"])
-
-
-def test_the_fewshot_prompt_of_a_local_task(data_env: Path) -> None:
-    from lm_eval.tasks import TaskManager
-
-    task = TaskManager(include_path=str(LM_EVAL), include_defaults=False).load_task_or_group(["apertus_arc_challenge_chat"])
-    task = task["apertus_arc_challenge_chat"] if isinstance(task, dict) else next(iter(task.values()))
-    docs = list(task.test_docs())
-    assert [task.doc_to_target(d) for d in docs] == ["B", "A"]  # numeric labels map to letters
-    assert "(B) carbon dioxide" in task.doc_to_text(docs[0])
-
-
-def test_an_unreachable_judge_names_the_task_and_the_setting(data_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from lm_eval.tasks import TaskManager
-
-    from apertus_plugins.testing.serve import free_port
-
-    tm = TaskManager(include_path=str(LM_EVAL), include_defaults=False)
-    url = f"http://127.0.0.1:{free_port()}/v1"
-    for key, value in _judge_env(url, data_env, 20).items():
-        monkeypatch.setenv(key, value)
-    with pytest.raises(RuntimeError, match=r"task apertus_charter_alignment: the judge given by "
-                                           r"APERTUS_EVAL_JUDGE_URL=http://127.0.0.1:\d+/v1 .*unreachable"):
-        tm.load_task_or_group(["apertus_charter_alignment"])
-    monkeypatch.delenv("APERTUS_EVAL_JUDGE_URL")
-    with pytest.raises(RuntimeError, match=r"task apertus_charter_alignment: no judge; set APERTUS_EVAL_JUDGE_URL"):
-        tm.load_task_or_group(["apertus_charter_alignment"])

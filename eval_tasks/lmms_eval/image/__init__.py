@@ -1,1 +1,1 @@
-"""Task folder (YAMLs + utils.py)."""
+"""What the derived image tasks need beyond upstream's config (:mod:`.utils`)."""

@@ -1,27 +1,43 @@
-"""Image tasks: upstream ChartQA, DocVQA, GQA, MMMU and AI2D under ``apertus_`` names.
+"""Image tasks: what the derived ChartQA, DocVQA, GQA, MMMU, AI2D... need beyond upstream's config.
 
-AI2D is scored with the prose-tolerant option extractor of the core (the report's fix: the model
-often answers with the option's text or a sentence, not a bare letter). GQA joins its images
-from the local ``testdev_balanced_images`` configuration when a local copy is set.
+- AI2D is scored as the report's table scores it, by upstream's own rule (a bare option letter is
+  credited, prose is not); :class:`ProseTolerantChoice` is the report's aside, a second filter
+  pipeline (``prose-tolerant``) that reads the option from a letter, a sentence or the option's
+  text (:func:`apertus_plugins.posttrain.evaluation.extract_choice`).
+- GQA joins its images from the local ``testdev_balanced_images`` configuration when a local
+  copy is set (:func:`gqa_process_docs`).
 """
 
 from __future__ import annotations
 
-import string
 from typing import Any
 
 from apertus_plugins.posttrain.evaluation import extract_choice
 from eval_tasks.data import load_split, local_path
-from eval_tasks.lmms_eval.common import ApertusTask
+from eval_tasks.lmms_eval.common import ApertusTask  # checks the lmms-eval version before lmms-eval loads
 
-__all__ = ["ApertusTask", "ai2d_process_results", "gqa_process_docs"]
+# isort: split
+from lmms_eval.api.filter import Filter
+
+__all__ = ["ApertusTask", "ProseTolerantChoice", "gqa_process_docs"]
 
 
-def ai2d_process_results(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
-    """``exact_match``: the option letter extracted from a letter, a sentence or the option's text."""
-    options = list(doc["options"])
-    gold = string.ascii_uppercase[int(doc["answer"])]
-    return {"exact_match": float(extract_choice(results[0], options=options) == gold)}
+class ProseTolerantChoice(Filter):
+    """The option letter read from a letter, a sentence or the option's own text (None -> the reply as is)."""
+
+    def __init__(self, options_field: str = "options", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.options_field = options_field
+
+    def apply(self, resps: Any, docs: Any) -> list[Any]:
+        # lmms-eval's chat tasks hand a filter the task's documents in order, as many as there are
+        # responses or more (--limit): the k-th response answers the k-th document, as upstream's filters read it
+        out = []
+        for replies, doc in zip(resps, docs, strict=False):
+            options = [str(o) for o in doc[self.options_field]]
+            reply = replies[0] if isinstance(replies, list) else replies
+            out.append(extract_choice(reply, options=options) or reply)
+        return out
 
 
 def gqa_process_docs(dataset: Any) -> Any:

@@ -1,0 +1,284 @@
+"""The report's benchmarks as data: every benchmark of the Apertus 1.5 report's evaluation tables,
+its setting, the upstream task the Apertus variant derives from (or why it has none) and the
+report's numbers for the released 8B, each cited by table, row and column.
+
+The data is ``catalogue.yaml`` beside this module; this module reads and checks it. It is the one
+place that names the report's benchmarks: the task generator (:mod:`eval_tasks.derive`), the
+``apertus eval report`` command and the benchmark table of the documentation all read it.
+
+Entry fields (``catalogue.yaml``):
+
+- ``id``, ``name``: a unique key and the report's name of the benchmark;
+- ``listed``: where the report lists it (``L.1 Math``, ``Table 34``...); ``setting``: the
+  report's row as printed (metric, type, CoT, shots, chat, multi-turn, languages);
+- ``suites``: the ``apertus eval report`` suites that run it;
+- ``harness`` (``lm_eval``, ``lmms_eval``) and ``kind``: ``chat`` (generated through the chat
+  template under the protocol), ``completions`` (log-likelihood scoring through the completions
+  API, with the chat template when the row says so), ``base`` (the base-model row: upstream's
+  own prompt and decoding through the completions API), ``handwritten`` (a task of this package,
+  where upstream has none) or ``lmms`` (an lmms-eval task through the ``apertus`` model);
+- ``upstream`` and ``upstream_dir``: the upstream task, group or tag (or a list of them, made one
+  group) and the folder(s) (under the harness's ``tasks/``) that hold it and its members; ``task``:
+  the Apertus task (default ``apertus_<upstream>``); ``template``: the YAML of a hand-written task (under the harness's
+  folder of this package);
+- ``metric``: the result key the report reads (``exact_match,strict-match``); ``scale``: the
+  factor to percent (100 for a fraction, 1 for a harness that reports percent); ``higher_is_better``;
+- ``think``: a thinking variant ``<task>_think`` too: ``true`` (one run) or a key of
+  :data:`apertus_plugins.posttrain.evaluation.MEAN_AT_K` (mean@k over sampled runs);
+- ``multi_turn``: few-shot examples as earlier turns; ``num_fewshot``: the report's shots where
+  upstream's differ; ``chat``: the chat template for a ``completions`` row;
+- ``data``: the local-data key (``APERTUS_EVAL_DATA_<KEY>``) and, for lmms-eval, the image and
+  audio columns; ``overrides``: config keys replaced in the derived task (``!function x.y`` text
+  for a function); ``add_filters``: filter pipelines added beside upstream's (lmms-eval);
+- ``needs``: what a run needs beyond the served model: ``tokenizer``, ``unsafe_code``,
+  ``judge``, ``tools`` (the tool-call stops), ``audio_seconds:N`` (clips of up to N seconds);
+- ``absent``: why the benchmark has no Apertus task (then no harness fields); ``subtask_of``: the
+  benchmark of the report an entry is a part of (not counted as one of the report's);
+- ``reference``: the report's numbers for the released 8B: ``off`` (thinking off), ``think``,
+  ``base`` (the released base model): ``[value, table, row, column]``; ``rows``: several rows of
+  one task (RULER's lengths), each ``{label, metric, reference}``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
+
+__all__ = ["Benchmark", "CatalogueError", "KINDS", "Reference", "Row", "SUITES", "benchmarks", "by_id", "load",
+           "suite"]
+
+KINDS = ("chat", "completions", "base", "handwritten", "lmms")
+#: The suites of ``apertus eval report`` and what each runs.
+SUITES: dict[str, str] = {
+    "post-trained-text": "the text benchmarks of Tables L.1 and L.2 on the post-trained model, thinking off",
+    "thinking": "the benchmarks the report also runs with thinking on (Tables 25 and 28)",
+    "base": "the base-model rows of Tables L.1 and L.2 (Tables 13 to 22), without the chat template: serve the base model",
+    "image": "the image benchmarks of Table 34 (section 5.5)",
+    "audio": "the audio benchmarks of Table 35 (section 5.6)",
+    "long-context": "RULER and HELMET (Table 36, section 5.7)",
+    "smoke": "one benchmark of each kind (log-likelihood, chat with shots, long context, image, audio): is it wired?",
+    "all": "every suite",
+}
+_THINK = (True, False, "aime", "math", "code")
+_MODES = ("off", "think", "base")
+
+
+class CatalogueError(ValueError):
+    """``catalogue.yaml`` is malformed; the message names the entry and the field."""
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One number of the report: ``value`` in ``table`` (``L.3``, ``34``...), row and column."""
+
+    value: float
+    table: str
+    row: str
+    column: str
+
+    def cite(self) -> str:
+        return f"Table {self.table}, {self.row}, {self.column}"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the report's tables that a benchmark's run fills: its label, the result key, the
+    report's numbers by mode (``off``, ``think``, ``base``)."""
+
+    label: str
+    metric: str | None
+    reference: dict[str, Reference]
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One benchmark of the report (see the module docstring for the fields)."""
+
+    id: str
+    name: str
+    listed: str
+    setting: str
+    suites: tuple[str, ...] = ()
+    harness: str | None = None
+    kind: str | None = None
+    upstream: str | tuple[str, ...] | None = None
+    upstream_dir: str | tuple[str, ...] | None = None
+    task: str | None = None
+    template: str | None = None
+    metric: str | None = None
+    scale: float = 100.0
+    higher_is_better: bool = True
+    think: bool | str = False
+    multi_turn: bool = False
+    chat: bool = True
+    num_fewshot: int | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)
+    add_filters: tuple[dict[str, Any], ...] = ()
+    needs: tuple[str, ...] = ()
+    absent: str | None = None
+    rows: tuple[Row, ...] = ()
+    note: str | None = None
+    subtask_of: str | None = None  # not a benchmark of the report's tables: a part of one (RULER's NIAH)
+
+    @property
+    def runnable(self) -> bool:
+        return self.absent is None
+
+    @property
+    def tasks(self) -> dict[str, str]:
+        """The Apertus tasks of this benchmark by mode: ``off`` (or ``base``) and ``think``."""
+        if not self.runnable:
+            return {}
+        out = {"base" if self.kind == "base" or (self.kind == "completions" and not self.chat) else "off": self.task}
+        if self.think:
+            out["think"] = f"{self.task}_think"
+        return out
+
+    @property
+    def by_length(self) -> bool:
+        """Scored per prompt length (RULER: the metrics are lengths in tokens, ``8192,none``)."""
+        return all(r.metric and r.metric.split(",")[0].isdigit() for r in self.rows)
+
+    @property
+    def repeats(self) -> int:
+        """Sampled runs of the thinking variant (mean@k), 1 without."""
+        from apertus_plugins.posttrain.evaluation import MEAN_AT_K
+
+        return MEAN_AT_K[self.think] if isinstance(self.think, str) else 1
+
+    def need(self, prefix: str) -> str | None:
+        """The value of a ``needs`` item ``prefix:value`` (``""`` for a bare ``prefix``), None if not needed."""
+        for item in self.needs:
+            name, _, value = item.partition(":")
+            if name == prefix:
+                return value
+        return None
+
+
+def _fail(entry: Any, msg: str) -> CatalogueError:
+    name = entry.get("id") if isinstance(entry, dict) else entry
+    return CatalogueError(f"catalogue.yaml, benchmark {name!r}: {msg}")
+
+
+def _reference(entry: dict[str, Any], raw: Any) -> dict[str, Reference]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or set(raw) - set(_MODES):
+        raise _fail(entry, f"reference must map {'/'.join(_MODES)} to [value, table, row, column], got {raw!r}")
+    out = {}
+    for mode, cite in raw.items():
+        if not (isinstance(cite, list) and len(cite) == 4 and isinstance(cite[0], (int, float))
+                and all(isinstance(c, str) and c for c in cite[1:])):
+            raise _fail(entry, f"reference {mode}: expected [value, table, row, column], got {cite!r}")
+        out[mode] = Reference(float(cite[0]), *cite[1:])
+    return out
+
+
+_FIELDS = {f for f in Benchmark.__dataclass_fields__} | {"reference"}
+
+
+def _benchmark(entry: dict[str, Any]) -> Benchmark:
+    unknown = set(entry) - _FIELDS
+    if unknown:
+        raise _fail(entry, f"unknown fields {sorted(unknown)}")
+    for key in ("id", "name", "listed", "setting"):
+        if not isinstance(entry.get(key), str) or not entry[key]:
+            raise _fail(entry, f"{key} is required")
+    if not re.fullmatch(r"[a-z0-9_]+", entry["id"]):
+        raise _fail(entry, "id must be lower-case letters, digits and underscores")
+    kw = dict(entry)
+    reference = _reference(entry, kw.pop("reference", None))
+    rows = tuple(Row(r["label"], r.get("metric"), _reference(entry, r.get("reference"))) for r in kw.pop("rows", []))
+    kw["rows"] = rows or (Row(entry["name"], entry.get("metric"), reference),)
+    for key in ("suites", "needs", "add_filters"):
+        kw[key] = tuple(kw.get(key) or ())
+    for key in ("upstream", "upstream_dir"):
+        if isinstance(kw.get(key), list):
+            kw[key] = tuple(kw[key])
+    bad = set(kw["suites"]) - set(SUITES)
+    if bad:
+        raise _fail(entry, f"unknown suites {sorted(bad)}; known: {', '.join(SUITES)}")
+    if kw.get("think", False) not in _THINK:
+        raise _fail(entry, f"think must be one of {_THINK}")
+    if entry.get("absent"):
+        extra = {"harness", "kind", "upstream", "task", "template", "suites"} & set(entry)
+        if extra:
+            raise _fail(entry, f"an absent benchmark has no {sorted(extra)}")
+        return Benchmark(**kw)
+    if kw.get("kind") not in KINDS:
+        raise _fail(entry, f"kind must be one of {KINDS}")
+    harness = "lmms_eval" if kw["kind"] == "lmms" else "lm_eval"
+    if kw.get("harness", harness) != harness:
+        raise _fail(entry, f"kind {kw['kind']} runs on {harness}")
+    kw["harness"] = harness
+    if kw["kind"] == "handwritten":
+        if not kw.get("template") or not kw.get("task"):
+            raise _fail(entry, "a hand-written task names its template and task")
+    elif not kw.get("upstream"):
+        raise _fail(entry, "upstream is required (or absent: the reason)")
+    if isinstance(kw.get("upstream"), tuple) and not kw.get("task"):
+        raise _fail(entry, "several upstream tasks make one group: name it (task)")
+    kw.setdefault("task", f"apertus_{kw.get('upstream')}")
+    if not str(kw["task"]).startswith("apertus_"):
+        raise _fail(entry, "the Apertus task's name starts with apertus_")
+    if not kw["suites"]:
+        raise _fail(entry, "a runnable benchmark belongs to a suite")
+    if any(r.metric is None for r in kw["rows"]):
+        raise _fail(entry, "metric is required (the result key the report reads)")
+    return Benchmark(**kw)
+
+
+def _loader() -> type:
+    """YAML 1.2 booleans: ``off`` is the name of a mode here, not False."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    bool_tag = "tag:yaml.org,2002:bool"
+    Loader.yaml_implicit_resolvers = {k: [(t, rx) for t, rx in v if t != bool_tag]
+                                      for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    Loader.add_implicit_resolver(bool_tag, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+    return Loader
+
+
+@cache
+def load() -> tuple[Benchmark, ...]:
+    """Every benchmark of ``catalogue.yaml``, checked."""
+    import yaml
+
+    text = (resources.files("eval_tasks") / "catalogue.yaml").read_text(encoding="utf-8")
+    raw = yaml.load(text, Loader=_loader())  # noqa: S506 - a SafeLoader with YAML 1.2 booleans
+    if not isinstance(raw, dict) or not isinstance(raw.get("benchmarks"), list):
+        raise CatalogueError("catalogue.yaml: expected a mapping with a 'benchmarks' list")
+    out = tuple(_benchmark(e) for e in raw["benchmarks"])
+    seen: dict[str, str] = {}
+    for b in out:
+        for key in (b.id, *b.tasks.values()):
+            if key in seen and seen[key] != b.id:
+                raise CatalogueError(f"catalogue.yaml: {key!r} is used by {seen[key]!r} and {b.id!r}")
+            seen[key] = b.id
+        if b.id in seen and seen[b.id] != b.id:
+            raise CatalogueError(f"catalogue.yaml: duplicate id {b.id!r}")
+    if len({b.id for b in out}) != len(out):
+        raise CatalogueError("catalogue.yaml: duplicate ids")
+    return out
+
+
+def benchmarks() -> tuple[Benchmark, ...]:
+    return load()
+
+
+def by_id() -> dict[str, Benchmark]:
+    return {b.id: b for b in load()}
+
+
+def suite(name: str) -> list[Benchmark]:
+    """The runnable benchmarks of a suite (``all``: every runnable one)."""
+    if name not in SUITES:
+        raise ValueError(f"unknown suite {name!r}; known: {', '.join(SUITES)}")
+    return [b for b in load() if b.runnable and (name == "all" or name in b.suites)]

@@ -1,1 +1,0 @@
-"""Task folder (YAML + utils.py)."""

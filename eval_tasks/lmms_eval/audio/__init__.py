@@ -1,1 +1,0 @@
-"""Task folder (YAMLs + utils.py)."""

@@ -1,0 +1,83 @@
+"""Check every reference number of the evaluation catalogue against the text of the technical report.
+
+    python3 tools/dev.py run eval python tools/check_report_numbers.py path/to/report.txt
+
+For each number of ``eval_tasks/catalogue.yaml`` (``[value, table, row, column]``) it finds the table
+in the report's text (its caption ``Table N:``, or the appendix's ``Table L.3:``), the row (the line
+that starts with the row's name followed by numbers) and the column's position, and compares. It
+prints one line per number and exits 1 when one differs or cannot be found. The report is not part
+of the repository; the check is run by whoever edits the catalogue.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from eval_tasks.catalogue import load  # noqa: E402
+
+#: The position of each cited column among a row's numbers, by table.
+COLUMNS = {
+    ("L.3", "8B +SDPO"): 3, ("27", "8B +SDPO"): 3, ("28", "8B +SDPO"): 3, ("25", "8B On"): 1,
+    ("34", "8B"): 0, ("34", "8Bth"): 1, ("35", "Apertus 1.5 8B"): 0, ("39", "Apertus 1.5 8B"): 1,
+    **{(t, "Apertus 1.5 8B"): 1 for t in ("13", "15", "17", "19", "21")},
+    **{("36", f"{n}k"): k for k, n in enumerate((8, 16, 32, 64, 128, 256))},
+    **{("36", f"HELMET {n}k"): 6 + k for k, n in enumerate((8, 16, 32, 64, 128))},
+}
+_NUMBER = r"(?:\d+(?:\.\d+)?†?|–)"
+
+
+def table_block(text: str, table: str) -> str:
+    start = text.find(f"Table {table}:")
+    if start < 0:
+        raise LookupError(f"no caption 'Table {table}:'")
+    end = len(text)
+    for marker in ("\nTable ", "\n### ", "\n## ", "\n#### "):
+        found = text.find(marker, start + 10)
+        if 0 <= found < end:
+            end = found
+    return text[start:end]
+
+
+def row_numbers(block: str, row: str) -> list[str]:
+    """The numbers of the line that starts with ``row`` (a parenthesis after the name is the cite's
+    context, not part of the row's text); a mark (†, *) or an arrow may follow the name."""
+    names = ["after SDPO"] if row == "Apertus 1.5 8B after SDPO" else [row, re.sub(r"\s*\(.*\)$", "", row)]
+    mark = r"(?:[†*]|\s*\\(?:up|down)arrow)?"
+    for name in names:
+        pattern = re.compile(rf"^{re.escape(name)}{mark}((?:\s*{_NUMBER})+)\s*$", re.MULTILINE)
+        found = pattern.findall(block)
+        if len(found) == 1:
+            return [n.rstrip("†") for n in re.findall(_NUMBER, found[0])]
+    raise LookupError(f"row {row!r}: no single matching line")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__)
+        return 2
+    text = Path(argv[0]).read_text(encoding="utf-8")
+    bad = 0
+    for b in load():
+        for row in b.rows:
+            for mode, ref in row.reference.items():
+                where = f"{b.id} {mode}: {ref.cite()} = {ref.value:g}"
+                try:
+                    numbers = row_numbers(table_block(text, ref.table), ref.row)
+                    got = numbers[COLUMNS[(ref.table, ref.column)]]
+                except (LookupError, KeyError, IndexError) as exc:
+                    print(f"MISSING  {where}: {exc!r}")
+                    bad += 1
+                    continue
+                ok = got not in ("–", "-") and abs(float(got) - ref.value) < 1e-9
+                bad += not ok
+                print(f"{'ok      ' if ok else 'DIFFERS '}{where}" + ("" if ok else f" (the report: {got})"))
+    print(f"{bad} problem(s)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
