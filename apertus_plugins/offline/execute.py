@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import sys
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -100,14 +101,21 @@ class InProcess(Executor):
             on_done(worker.run_batch(work, ref))
 
 
-def _init_local(pgid: int, threads: int) -> None:
-    """A local worker process: the run's process group (for the fault hook) and its share of the CPUs."""
+def _init_local(pgid: int, threads: int, driver: int) -> None:
+    """A local worker process: it dies with the driver (:func:`.lifeline.exit_with_parent`: a killed
+    driver leaves no worker behind), the run's process group (for the fault hook), its share of the CPUs."""
+    from .lifeline import exit_with_parent
+
+    exit_with_parent(driver)
     os.environ[worker.PGID_ENV] = str(pgid)
     os.environ["APERTUS_TOKENIZE_THREADS"] = str(threads)
 
 
 class LocalPool(Executor):
-    """``n`` spawned worker processes (the driver may have imported torch: forking it is unsafe)."""
+    """``n`` spawned worker processes (the driver may have imported torch: forking it is unsafe).
+
+    The workers end with the driver, however it ends (see :func:`_init_local`).
+    """
 
     def __init__(self, n: int) -> None:
         import multiprocessing
@@ -116,7 +124,7 @@ class LocalPool(Executor):
         self.workers = self.encoders = n
         threads = max(1, (os.cpu_count() or 1) // n)
         self._pool = ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"),
-                                         initializer=_init_local, initargs=(os.getpgrp(), threads))
+                                         initializer=_init_local, initargs=(os.getpgrp(), threads, os.getpid()))
 
     def map(self, fn: Callable[..., Any], calls: Iterable[tuple[Any, tuple[Any, ...]]],
             on_done: Callable[[Any, Any], None], what: str) -> None:
@@ -155,18 +163,43 @@ class EncoderActor:
 
 
 class RayCluster(Executor):
-    """Tasks and encoder actors on a Ray cluster (``address``: ``auto``, ``host:port``, ``ray://...``, ``local``)."""
+    """Tasks and encoder actors on a Ray cluster (``address``: ``auto``, ``host:port``, ``ray://...``, ``local``).
+
+    ``local`` starts a head for the run: on 127.0.0.1 only, with a token, ended with the run even when
+    its driver is killed (:mod:`.rayhead`). The encoder actors are the run's own (not detached, not
+    named): Ray ends them with the driver's job, and :meth:`batches` kills them when it returns.
+    """
 
     def __init__(self, address: str, encoders: int = 0) -> None:
-        try:
-            import ray
-        except ImportError as exc:
-            raise RunError("--ray-address needs Ray: pip install 'apertus-plugins[ray]'") from exc
+        import importlib.util
+
+        from .rayhead import LocalHead, is_loopback, use_loopback
+
+        if importlib.util.find_spec("ray") is None:
+            raise RunError("--ray-address needs Ray: pip install 'apertus-plugins[ray]'")
+        self._head: LocalHead | None = None
+        if address == "local":  # a head of the run's own: loopback only, a token, gone with the run
+            try:
+                self._head = LocalHead.start()
+            except RuntimeError as exc:
+                raise RunError(f"--ray-address local: {exc}") from exc
+            address = self._head.address
+        elif is_loopback(address):
+            use_loopback()
+        import ray
+
+        if self._head is not None and "ray._raylet" in sys.modules:  # Ray imported before: read the token mode
+            with contextlib.suppress(Exception):
+                sys.modules["ray._raylet"].Config.initialize("")
         env = {worker.PGID_ENV: str(os.getpgrp())}
         if os.environ.get(worker.FAULT_ENV):
             env[worker.FAULT_ENV] = os.environ[worker.FAULT_ENV]
-        ray.init(address=None if address == "local" else address, log_to_driver=False,
-                 runtime_env={"env_vars": env}, configure_logging=False)
+        try:
+            ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": env}, configure_logging=False)
+        except BaseException:
+            if self._head is not None:
+                self._head.stop()
+            raise
         self._ray = ray
         res = ray.cluster_resources()
         self.cpus = int(res.get("CPU", 1))
@@ -281,6 +314,8 @@ class RayCluster(Executor):
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._ray.shutdown()
+        if self._head is not None:
+            self._head.stop()
 
 
 def make_executor(workers: int, ray_address: str | None, encoders: int = 0) -> Executor:

@@ -62,6 +62,7 @@ from .sources import (
     plugin_modality,
     read_media,
     scan_shard,
+    unexpected,
 )
 
 __all__ = ["FAULT_ENV", "PGID_ENV", "fault_point", "WorkerContext", "context", "Decoded", "plan_shard", "plan_part",
@@ -131,6 +132,7 @@ class WorkerContext:
     def __init__(self, work: str) -> None:
         self.layout = Layout(work)
         self.cfg = TokenizeConfig(**storage.read_json(self.layout.config))
+        self.media = self.cfg.media_settings()
         self._ready: float | None = None  # when this process's first encoder was loaded
         self._busy = 0.0  # seconds spent in the encoders since
 
@@ -169,7 +171,7 @@ class WorkerContext:
         t0 = time.perf_counter()
         writer = ItemWriter(self.layout.scan_items(shard))
         try:
-            found = scan_shard(spec, self.cfg.resize_policy, self.cfg.audio_policy, self.cfg.media_root, writer)
+            found = scan_shard(spec, self.media, self.cfg.media_root, writer)
         except BaseException:
             writer.discard()
             raise
@@ -230,22 +232,22 @@ class WorkerContext:
         return data
 
     def load(self, ref: MediaRef, record: tuple[list[dict[str, Any]], str] | None = None) -> np.ndarray:
-        """The preprocessed array of one media item (pixels ``[3, H, W]`` or samples at 24 kHz)."""
-        from ..media.audio import AudioError, load_audio, preprocess_audio
-        from ..media.image import ImageError, preprocess_image
+        """The preprocessed array of one media item (pixels ``[3, H, W]`` or samples at 24 kHz), through
+        the run's :class:`~.preprocess.MediaSettings`."""
+        from ..media.audio import AudioError
+        from ..media.image import ImageError
 
         data = read_media(ref, (lambda r: self._inline(r, record)) if record else None)
         if not data:
             raise BadInput(Reasons.EMPTY, f"{ref.name}: the file is empty (zero bytes)")
         if ref.kind == "image":
             try:
-                return preprocess_image(data, self.cfg.resize_policy).pixels
+                return self.media.image(data)
             except (ImageError, OSError) as exc:
                 raise BadInput(Reasons.IMAGE, f"{ref.name}: {_strip_name(exc)}") from exc
         if ref.kind == "audio":
             try:
-                wave, rate = load_audio(data)
-                return preprocess_audio(wave, rate, self.cfg.audio_policy)
+                return self.media.audio(data)
             except (AudioError, OSError) as exc:
                 raise BadInput(Reasons.AUDIO, f"{ref.name}: {_strip_name(exc)}") from exc
         mod = plugin_modality(ref.kind, "load")
@@ -344,12 +346,14 @@ class WorkerContext:
         out = Decoded(ref, items)
         out.read = {"plan": [self.layout.part_batches(ref.part), ref.offset, ref.length], "media": []}
         for it in items:
+            media = None
             try:
                 inline = None
                 if it.kind == "conversation":
                     out.conversations[it.index] = rec = self.conversation(it)
                     inline = (self._normalized(it, rec[0]), rec[3])
                 for k, ref_ in enumerate(it.media):
+                    media = ref_.name
                     if ref_.inline is None:
                         out.read["media"].append([ref_.path, ref_.offset, ref_.size])
                     arr = self.load(ref_, inline)
@@ -357,7 +361,9 @@ class WorkerContext:
                     keys.append((it.index, k))
                     arrays.append(arr)
             except BadInput as exc:
-                out.skips[it.index] = Skip(it.name, exc.reason, exc.detail)
+                out.skips[it.index] = Skip(it.name, exc.reason, exc.detail, "decode")
+            except Exception as exc:  # noqa: BLE001 (one item's failure costs only that item)
+                out.skips[it.index] = unexpected(it.name, "decode", exc, media)
         for kind, (keys, arrays) in list(out.arrays.items()):  # an item skipped after one of its media loaded
             keep = [n for n, key in enumerate(keys) if key[0] not in out.skips]
             out.arrays[kind] = ([keys[n] for n in keep], [arrays[n] for n in keep])
@@ -367,6 +373,8 @@ class WorkerContext:
     def encode(self, arrays: dict[str, tuple[list[Any], list[np.ndarray]]]) -> dict[str, Any]:
         """Codes of every modality's preprocessed arrays, and the encoder's clock.
 
+        ``codes``: per modality, the codes of each array in order (``None`` where the encoder failed);
+        ``failed``: per modality, the failed arrays' positions and the errors (see :meth:`_isolated`);
         ``encode_s``: seconds in the encoders for these arrays (loading an encoder is not counted);
         ``encoder``: this process, with ``busy_s`` (encoder seconds so far) and ``uptime_s`` (seconds
         since its first encoder was loaded): their ratio is the encoder's utilisation.
@@ -379,22 +387,59 @@ class WorkerContext:
         if kinds and self._ready is None:
             self._ready = time.perf_counter()
         t0 = time.perf_counter()
-        codes = {kind: self.encoders.encode(kind, arrays[kind][1]) for kind in kinds}
+        codes: dict[str, list[np.ndarray | None]] = {}
+        failed: dict[str, dict[int, str]] = {}
+        for kind in kinds:
+            codes[kind], bad = self._isolated(kind, arrays[kind][1])
+            if bad:
+                failed[kind] = bad
         encode_s = time.perf_counter() - t0
         self._busy += encode_s
         clock = {"busy_s": round(self._busy, 4),
                  "uptime_s": round(time.perf_counter() - self._ready, 4) if self._ready is not None else 0.0}
-        return {"codes": codes, "encode_s": encode_s, "load_s": load_s, "device": self.encoders.device,
-                "loads": self.encoders.loads, "encoder": {**_worker(), **clock}}
+        return {"codes": codes, "failed": failed, "encode_s": encode_s, "load_s": load_s,
+                "device": self.encoders.device, "loads": self.encoders.loads, "encoder": {**_worker(), **clock}}
+
+    def _isolated(self, kind: str, arrays: list[np.ndarray]) -> tuple[list[np.ndarray | None], dict[int, str]]:
+        """Codes of ``arrays``; when the encoder raises on a group, its halves are encoded apart, down to
+        single arrays: an array the encoder fails on alone is left out (``None``, and its error by
+        position), every other one is encoded. The encoders never pad, so an array's codes do not
+        depend on what it was batched with: the result equals the batched one wherever both exist.
+        """
+        out: list[np.ndarray | None] = [None] * len(arrays)
+        failed: dict[int, str] = {}
+        todo = [list(range(len(arrays)))]
+        while todo:
+            group = todo.pop()
+            try:
+                got = self.encoders.encode(kind, [arrays[i] for i in group])
+            except Exception as exc:  # noqa: BLE001 (found by bisection; one array's failure costs only it)
+                if len(group) == 1:
+                    failed[group[0]] = f"{type(exc).__name__}: {exc}"
+                else:
+                    half = len(group) // 2
+                    todo += [group[half:], group[:half]]  # the first half next: errors in input order
+                continue
+            for i, c in zip(group, got, strict=True):
+                out[i] = c
+        return out, failed
 
     def write(self, dec: Decoded, enc: dict[str, Any]) -> dict[str, Any]:
         """Build the documents, write the batch's shards, commit its record."""
         t0 = time.perf_counter()
         ref, items, skips = dec.ref, dec.items, dict(dec.skips)
+        by_index = {it.index: it for it in items}
         codes: dict[tuple[int, int], np.ndarray] = {}
         for kind, (keys, _arr) in dec.arrays.items():
-            for key, c in zip(keys, enc["codes"].get(kind, []), strict=True):
-                codes[tuple(key)] = c
+            failed = enc.get("failed", {}).get(kind, {})
+            for pos, (key, c) in enumerate(zip(keys, enc["codes"].get(kind, []), strict=True)):
+                i, k = key
+                if pos in failed:
+                    it = by_index[i]
+                    skips.setdefault(i, Skip(it.name, Reasons.ENCODER, f"{it.media[k].name}: the {kind} encoder failed "
+                                             f"on it alone ({failed[pos]}); the rest of its batch is written", "encode"))
+                else:
+                    codes[(i, k)] = c
         docs: list[tuple[int, dict[str, np.ndarray]]] = []
         for it in items:
             if it.index in skips:
@@ -406,9 +451,10 @@ class WorkerContext:
                 else:
                     docs.append((it.index, {"": self.pretrain_document(it, codes[(it.index, 0)])}))
             except BadInput as exc:
-                skips[it.index] = Skip(it.name, exc.reason, exc.detail)
+                skips[it.index] = Skip(it.name, exc.reason, exc.detail, "document")
+            except Exception as exc:  # noqa: BLE001 (one item's failure costs only that item)
+                skips[it.index] = unexpected(it.name, "document", exc)
         tokens = self._write(ref, docs)
-        by_index = {it.index: it for it in items}
         kinds = sorted({m.kind for it in items for m in it.media})
         write_s = time.perf_counter() - t0
         record = {
