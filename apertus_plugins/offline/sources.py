@@ -555,13 +555,13 @@ def _scan_tar(path: str, name: str, media: MediaSettings, add: Callable[[Item], 
     with storage.open_read(path) as fh:
         for key, parts in samples.items():
             sample = f"{name}:{key}"
-            media = {e: m for e, m in parts.items() if _kind_of(_ext(e))}
-            if len(media) != 1:
-                what = "no image or audio component" if not media else f"{len(media)} media components"
+            found = {e: m for e, m in parts.items() if _kind_of(_ext(e))}
+            if len(found) != 1:
+                what = "no image or audio component" if not found else f"{len(found)} media components"
                 skips.append(Skip(sample, Reasons.FORMAT, f"{sample}: {what} (components: {', '.join(sorted(parts))})",
                                   "plan"))
                 continue
-            (ext, m), = media.items()
+            (ext, m), = found.items()
             text = None
             if "txt" in parts:
                 t = parts["txt"]
