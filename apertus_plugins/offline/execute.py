@@ -6,8 +6,9 @@ bounded number in flight) and :meth:`~Executor.batches` (the encode stage).
 
 * :class:`InProcess` (``--workers 0``): one batch after another in the driver.
 * :class:`LocalPool` (``--workers N``): ``N`` spawned processes, each decoding, encoding and
-  writing whole batches.
-* :class:`RayCluster` (``--ray-address ADDR``): planning, decoding, writing and merging are Ray
+  writing whole batches; they exit when the driver dies (:mod:`.lifeline`).
+* :class:`RayCluster` (``--ray-address ADDR``; ``local``: a head of the run's own, on loopback
+  only, :mod:`.rayhead`): planning, decoding, writing and merging are Ray
   tasks (one CPU each); encoding runs on Ray actors (:class:`EncoderActor`) that load the encoders
   once and are fed shape-uniform batches that CPU tasks decoded and resized ahead of them: a
   bounded queue keeps up to two decoded batches per actor waiting, and every actor has up to two

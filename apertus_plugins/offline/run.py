@@ -10,7 +10,10 @@ Layout on disk for ``--out OUT`` (a local path or a URL of any fsspec filesystem
     OUT.noreason.bin/.idx            sft, --without-reasoning: the copy without reasoning spans
     OUT.noreason.mask.bin/.idx       both of the above
     OUT.noreason.manifest.json       the copy's manifest (with its mask stream)
-    OUT.report.json                  the summary report (items written, skipped with reasons, tokens, timing)
+    OUT.data-args.txt                --merge parts: the parts with token-count weights, for Megatron-LM's
+                                     --data-args-path (and OUT.noreason.data-args.txt)
+    OUT.report.json                  the summary report (items written, skipped with reasons, tokens, timing);
+                                     "status": "stopped" when --max-bad-fraction stopped the run
     OUT.work/                        while running (removed after success unless --keep-work):
         lock                         held by the running driver (flock; local work directories)
         config.json                  the run's settings, read by every worker
@@ -27,6 +30,11 @@ and merging (a task per part, then, for a single output, one concatenation of th
 merged bytes depend only on the plan, so they equal those of an uninterrupted run with any worker
 count, local or on Ray. No process holds the plan whole: the driver holds a table with a row per
 shard, and each task reads only its own slice.
+
+A bad item costs only itself: whatever one item raises while it is planned, decoded, encoded or
+made a document skips that item (:mod:`.worker`), recorded in its shard's summary or its batch's
+record, so a resumed run does not try it again. :class:`BadFraction` stops a run whose inputs are
+mostly broken (``--max-bad-fraction``), with a report of what was skipped so far.
 """
 
 from __future__ import annotations

@@ -15,6 +15,11 @@ the items written, the items skipped with reasons, token counts, timings, what i
 written atomically. The record is the batch's checkpoint: a batch without one did not happen, and
 a resumed run redoes it from scratch, so a kill at any moment loses at most the batches in flight.
 
+Whatever one item raises (a bad file, a failing encoder, a document that cannot be built) costs
+only that item: it is skipped with its reason and the stage that found it, and the rest of the
+batch is written. When the encoder raises on a batch, the batch is encoded again in halves down to
+the arrays it fails on alone (:meth:`WorkerContext._isolated`).
+
 Merging (:func:`merge_part`): the batch shards of one plan part concatenated by megatron-core's
 ``IndexedDatasetBuilder.add_index``, into the work directory (``merge="single"``, concatenated
 again by the driver) or as the part's final dataset (``merge="parts"``).
