@@ -119,13 +119,16 @@ class LocalPool(Executor):
     """
 
     def __init__(self, n: int) -> None:
+        self.workers = self.encoders = n
+        self._pool = self._start()
+
+    def _start(self) -> Any:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        self.workers = self.encoders = n
-        threads = max(1, (os.cpu_count() or 1) // n)
-        self._pool = ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"),
-                                         initializer=_init_local, initargs=(os.getpgrp(), threads, os.getpid()))
+        threads = max(1, (os.cpu_count() or 1) // self.workers)
+        return ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_init_local, initargs=(os.getpgrp(), threads, os.getpid()))
 
     def map(self, fn: Callable[..., Any], calls: Iterable[tuple[Any, tuple[Any, ...]]],
             on_done: Callable[[Any, Any], None], what: str) -> None:
@@ -145,7 +148,49 @@ class LocalPool(Executor):
 
     def batches(self, work: str, refs: Iterable[BatchRef], on_done: Callable[[dict[str, Any]], None],
                 encode: bool = True) -> None:
-        self.map(worker.run_batch, ((ref.id, (work, ref)) for ref in refs), lambda _k, rec: on_done(rec), "batch")
+        """Every batch on the pool. A worker process that dies (a decoder's crash, an out-of-memory kill)
+        takes the pool with it: the pool is started again and the batches that were in flight are run
+        again item by item (:func:`.worker.run_batch_careful`), which finds and skips an item that kills
+        its worker; only a batch whose workers keep dying with no item to blame fails the run."""
+        from concurrent.futures import FIRST_COMPLETED, wait
+        from concurrent.futures.process import BrokenProcessPool
+
+        todo = iter(refs)
+        again: deque[BatchRef] = deque()
+        deaths: dict[int, int] = {}  # batch -> worker deaths while it was in flight
+        pending: dict[Any, BatchRef] = {}
+        while True:
+            while len(pending) < 2 * self.workers:
+                ref = again.popleft() if again else next(todo, None)
+                if ref is None:
+                    break
+                fn = worker.run_batch_careful if ref.id in deaths else worker.run_batch
+                pending[self._pool.submit(fn, work, ref)] = ref
+            if not pending:
+                return
+            done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+            died: list[BatchRef] = []
+            for f in done:
+                ref = pending.pop(f)
+                exc = f.exception()
+                if exc is None:
+                    on_done(f.result())
+                elif isinstance(exc, BrokenProcessPool):
+                    died.append(ref)
+                else:
+                    raise RunError(f"batch {ref.id} failed: {type(exc).__name__}: {exc} ({RESUME})") from exc
+            if not died:
+                continue
+            died += pending.values()  # the pool is gone: whatever was in flight goes again
+            pending.clear()
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = self._start()
+            for ref in sorted(died, key=lambda r: r.id):
+                deaths[ref.id] = deaths.get(ref.id, 0) + 1
+                if deaths[ref.id] > worker.CRASHES * ref.items + 2:
+                    raise RunError(f"batch {ref.id}: its worker process died {deaths[ref.id]} times, on no item in "
+                                   f"particular ({RESUME})")
+                again.append(ref)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

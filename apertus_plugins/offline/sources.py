@@ -76,6 +76,7 @@ class Reasons:
     TEXT = "unreadable text"
     NO_TRANSCRIPT = "no transcript"
     ENCODER = "encoder failed"  # the encoder raised on the item alone (its batch is encoded without it)
+    CRASH = "worker crashed"  # its worker process died on it, twice (a crashing decoder, out of memory)
     ERROR = "unexpected error"  # anything else an item raised (the detail names the stage and the error)
 
 
@@ -227,14 +228,40 @@ def read_media(ref: MediaRef, inline_bytes: Callable[[MediaRef], bytes] | None =
 
 
 # ---------------------------------------------------------------------- headers
+def _png_exif(fp: Any) -> bytes | None:
+    """The ``eXIf`` chunk of a PNG wherever it is, found by walking the chunk headers (no pixel decoded)."""
+    fp.seek(8)  # the signature
+    while True:
+        head = fp.read(8)
+        if len(head) < 8:
+            return None
+        length, kind = int.from_bytes(head[:4], "big"), head[4:]
+        if kind == b"eXIf":
+            return fp.read(length)
+        if kind == b"IEND":
+            return None
+        fp.seek(length + 4, 1)  # the data and its CRC
+
+
 def _image_header(fh: Any) -> tuple[int, int]:
-    """(height, width) as the decoded, EXIF-transposed image will have them, from the header."""
+    """(height, width) as the decoded, EXIF-transposed image will have them, from the header.
+
+    Nothing is decoded: Pillow's ``getexif`` of a PNG without an ``eXIf`` chunk before its pixels
+    decodes the whole image to look for one after them, so for PNGs the chunks are walked instead.
+    """
     from PIL import Image
 
     with Image.open(fh) as img:
         width, height = img.size
         try:
-            orientation = int(img.getexif().get(0x0112, 1))  # EXIF Orientation
+            if img.format == "PNG" and "exif" not in img.info:
+                data = _png_exif(img.fp)
+                exif = Image.Exif()
+                if data:
+                    exif.load(data)
+            else:
+                exif = img.getexif()
+            orientation = int(exif.get(0x0112, 1))  # EXIF Orientation
         except Exception:  # noqa: BLE001 (a broken EXIF block leaves the image upright)
             orientation = 1
     if orientation in (5, 6, 7, 8):  # the transposing orientations swap the sides

@@ -33,7 +33,9 @@ kill or a lost node would.
 * ``batch-mid:N``: inside batch N, after part of its shard data is on disk, before its commit;
 * ``batch-done:N``: right after batch N's record is committed (between batches);
 * ``merge-part:P``: right after part P's merged dataset and its record are written;
-* ``merge-mid:K``: in the final merge (``single``), after K parts were appended to the first output.
+* ``merge-mid:K``: in the final merge (``single``), after K parts were appended to the first output;
+* ``crash-item:FILE``: only the process decoding the media file FILE (its base name) is killed, each
+  time, as a decoder crashing on that file would.
 
 With ``--workers 0`` (everything in the driver's own process) the hook kills that process.
 """
@@ -70,11 +72,25 @@ from .sources import (
     unexpected,
 )
 
-__all__ = ["FAULT_ENV", "PGID_ENV", "fault_point", "WorkerContext", "context", "Decoded", "plan_shard", "plan_part",
-           "count_lines", "decode_batch", "write_batch", "run_batch", "merge_part", "peak_rss_mb"]
+__all__ = ["FAULT_ENV", "PGID_ENV", "CRASHES", "fault_point", "WorkerContext", "context", "Decoded", "plan_shard",
+           "plan_part", "count_lines", "decode_batch", "write_batch", "run_batch", "run_batch_careful", "merge_part",
+           "peak_rss_mb"]
 
 FAULT_ENV = "APERTUS_TOKENIZE_FAULT"
 PGID_ENV = "APERTUS_TOKENIZE_PGID"
+
+
+#: Times an item's worker process may die on it (in careful runs) before the item is skipped: once
+#: may be a kill from outside, twice is the item.
+CRASHES = 2
+
+
+def _crash_point(name: str) -> None:
+    """``crash-item:FILE`` in ``$APERTUS_TOKENIZE_FAULT``: the process decoding the media file named FILE
+    (its base name) dies by SIGKILL, as a crashing decoder would (this process only)."""
+    spec = os.environ.get(FAULT_ENV)
+    if spec and f"crash-item:{os.path.basename(name.split(' (', 1)[0])}" in {s.strip() for s in spec.split(",")}:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def fault_point(point: str, n: int) -> None:
@@ -350,6 +366,11 @@ class WorkerContext:
         items, _shape = batch_items(self.layout, ref)
         out = Decoded(ref, items)
         out.read = {"plan": [self.layout.part_batches(ref.part), ref.offset, ref.length], "media": []}
+        self._decode_items(items, out)
+        out.decode_s = time.perf_counter() - t0
+        return out
+
+    def _decode_items(self, items: list[Item], out: Decoded) -> None:
         for it in items:
             media = None
             try:
@@ -361,6 +382,7 @@ class WorkerContext:
                     media = ref_.name
                     if ref_.inline is None:
                         out.read["media"].append([ref_.path, ref_.offset, ref_.size])
+                    _crash_point(ref_.name)
                     arr = self.load(ref_, inline)
                     keys, arrays = out.arrays.setdefault(ref_.kind, ([], []))
                     keys.append((it.index, k))
@@ -372,8 +394,6 @@ class WorkerContext:
         for kind, (keys, arrays) in list(out.arrays.items()):  # an item skipped after one of its media loaded
             keep = [n for n, key in enumerate(keys) if key[0] not in out.skips]
             out.arrays[kind] = ([keys[n] for n in keep], [arrays[n] for n in keep])
-        out.decode_s = time.perf_counter() - t0
-        return out
 
     def encode(self, arrays: dict[str, tuple[list[Any], list[np.ndarray]]]) -> dict[str, Any]:
         """Codes of every modality's preprocessed arrays, and the encoder's clock.
@@ -490,6 +510,53 @@ class WorkerContext:
             return done
         dec = self.decode(ref)
         enc = self.encode(dec.arrays) if dec.arrays else {}
+        return self.write(dec, enc)
+
+    def run_careful(self, ref: BatchRef) -> dict[str, Any]:
+        """Run a batch whose worker process died: item by item, each item's index recorded before it is
+        decoded and encoded (``WORK/crashes/...``), so an item its worker dies on :data:`CRASHES` times
+        (a decoder's crash, the kernel's out-of-memory kill) is found and skipped and the rest of the
+        batch is written, with the bytes a plain run gives (the encoders never pad)."""
+        done = self.done(ref)
+        if done is not None:
+            return done
+        where = self.layout.crashes(ref.part, ref.id)
+        state = storage.read_json(where) if storage.isfile(where) else {"current": None, "crashes": {}}
+        if state["current"] is not None:  # the previous careful attempt's worker died on this item
+            key = str(state["current"])
+            state["crashes"][key] = state["crashes"].get(key, 0) + 1
+            state["current"] = None
+        t0 = time.perf_counter()
+        items, _shape = batch_items(self.layout, ref)
+        dec = Decoded(ref, items)
+        dec.read = {"plan": [self.layout.part_batches(ref.part), ref.offset, ref.length], "media": []}
+        enc: dict[str, Any] = {"codes": {}, "failed": {}, "encode_s": 0.0}
+        for it in items:
+            died = state["crashes"].get(str(it.index), 0)
+            if died >= CRASHES:
+                dec.skips[it.index] = Skip(it.name, Reasons.CRASH, f"{it.name}: its worker process died {died} times "
+                                           "while it was decoded or encoded (a crash in a decoder or the encoder, or "
+                                           "out of memory); the rest of its batch is written", "decode")
+                continue
+            state["current"] = it.index
+            storage.write_json(where, state)
+            one = Decoded(ref, [it], read=dec.read)
+            self._decode_items([it], one)
+            dec.skips.update(one.skips)
+            dec.conversations.update(one.conversations)
+            got = self.encode(one.arrays) if one.arrays else {}
+            for kind, (keys, _arrays) in one.arrays.items():
+                dec.arrays.setdefault(kind, ([], []))[0].extend(keys)
+                codes = enc["codes"].setdefault(kind, [])
+                for pos, msg in got.get("failed", {}).get(kind, {}).items():
+                    enc["failed"].setdefault(kind, {})[len(codes) + pos] = msg
+                codes.extend(got["codes"].get(kind, []))
+            if got:
+                enc.update({k: v for k, v in got.items() if k not in ("codes", "failed", "encode_s")})
+                enc["encode_s"] += got["encode_s"]
+        state["current"] = None
+        storage.write_json(where, state)
+        dec.decode_s = time.perf_counter() - t0 - enc["encode_s"]
         return self.write(dec, enc)
 
     def _write(self, ref: BatchRef, docs: list[tuple[int, dict[str, np.ndarray]]]) -> dict[str, dict[str, int]]:
@@ -678,6 +745,11 @@ def plan_part(work: str, part: int, shards: list[list[int]], window: list[int] |
 def run_batch(work: str, ref: BatchRef) -> dict[str, Any]:
     """Run one batch of the plan in ``work`` (idempotent); returns its record."""
     return context(work).run(ref)
+
+
+def run_batch_careful(work: str, ref: BatchRef) -> dict[str, Any]:
+    """Run one batch whose worker process died, item by item (:meth:`WorkerContext.run_careful`)."""
+    return context(work).run_careful(ref)
 
 
 def decode_batch(work: str, ref: BatchRef) -> tuple[dict[str, Any], Decoded | dict[str, Any]]:

@@ -301,3 +301,23 @@ def test_each_lifeline_alone_ends_a_helper_whose_parent_is_killed(tmp_path: Path
         assert not alive, mode
     finally:
         kill_group(parent)
+
+
+def test_an_item_that_kills_its_worker_costs_only_itself(tmp_path: Path) -> None:
+    """A decoder that crashes on one file (the fault hook kills the process decoding c.wav, every time):
+    the pool is started again, the batch runs item by item, c.wav is skipped after its second death."""
+    ws = workspace()
+    media = Path(ws.faulty["media"])
+    src = _without(media, "nan.wav", tmp_path / "clean-media")
+    (src / "c.wav").unlink()
+    clean = tmp_path / "clean" / "pre"
+    _in_process("pretrain", [str(src)], clean)
+    out = tmp_path / "crash" / "pre"
+    res = cli(["pretrain", str(media), "--out", str(out), *_common("--workers", "2", "--no-progress")],
+              {FAULT: "crash-item:c.wav"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads(Path(f"{out}.report.json").read_text())
+    reasons = {Path(s["source"]).name: s["reason"] for s in report["skipped"]}
+    assert reasons.pop("c.wav") == Reasons.CRASH and reasons.pop("nan.wav") in NAN_REASONS and not reasons
+    assert "died 2 times" in next(s["detail"] for s in report["skipped"] if s["source"].endswith("c.wav"))
+    assert outputs(out) == outputs(clean)
