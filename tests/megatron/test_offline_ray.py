@@ -321,7 +321,14 @@ def _skips(prefix: Path) -> list[tuple[str, str]]:
 def test_the_test_head_listens_on_loopback_only(ray_cluster: Head) -> None:
     head = psutil.Process(ray_cluster.pid)
     seen: dict[int, list] = {}
-    _listening([head, *head.children(recursive=True)], seen)
+    deadline = time.monotonic() + 120
+    while True:  # the raylet and its agents may still be starting when the GCS answers
+        _listening([head, *head.children(recursive=True)], seen)
+        names = {n for n, a in seen.values() if a or n.startswith("ray::")}
+        if {"gcs_server", "raylet"} <= names and any(n.startswith("ray::") for n in names):
+            break
+        assert time.monotonic() < deadline, names
+        time.sleep(0.5)
     _check_loopback(seen)
 
 
