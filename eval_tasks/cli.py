@@ -88,7 +88,7 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .report.runner import DEFAULT_LENGTHS, Options, ReportError, run
+    from eval_tasks.report.runner import DEFAULT_LENGTHS, Options, ReportError, run
 
     opts = Options(suite=args.suite, base_url=args.base_url.rstrip("/"), output=args.output, model=args.model,
                    limit=args.limit, tokenizer=args.tokenizer, lengths=args.lengths or DEFAULT_LENGTHS,
@@ -106,8 +106,9 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _benchmarks(args: argparse.Namespace) -> int:
+    from eval_tasks.report.render import benchmark_table
+
     from .catalogue import load
-    from .report.render import benchmark_table
 
     if args.markdown:
         print(benchmark_table(), end="")

@@ -8,6 +8,7 @@ from apertus_plugins.data.offline.config import (
     AUDIO_TASKS,
     CAPTIONS,
     IMAGE_LAYOUT_DEFAULT,
+    MAX_BAD_FRACTION_DEFAULT,
     MERGES,
     PLAN_BYTES_DEFAULT,
     PLAN_FILES_DEFAULT,
@@ -22,9 +23,12 @@ post-resize shape; planning, encoding and merging run as parallel tasks on local
 or on a Ray cluster (--ray-address: CPU tasks decode ahead of encoder actors that hold the encoders,
 one per GPU), each batch writing its own shard and checkpoint; a killed run resumes when the same
 command is run again, and the output is byte-identical to an uninterrupted run. Inputs and outputs
-may be local paths or URLs of any installed fsspec filesystem (s3://, gs://, hf://...). Bad inputs
-(truncated or unreadable files, aspect ratio above 200, unsupported samples) are skipped, counted
-and named in the report.
+may be local paths or URLs of any installed fsspec filesystem (s3://, gs://, hf://...). A bad
+item (a truncated or unreadable file, aspect ratio above 200, unsupported samples, anything its
+header, decoding, the encoder or its document raises) costs only itself: it is skipped, named
+(file, line or tar member, and why) above the progress bar and in the report, and counted by
+reason; the rest of its batch is written, and a resumed run does not try it again. A run whose
+inputs are mostly broken stops with its report (--max-bad-fraction).
 
   pretrain: image files/folders, audio files/folders, WebDataset .tar shards; one media item per
             document: BOS + image or audio sequence (+ caption / transcript) + EOS.
@@ -79,7 +83,21 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="stop after planning (the work directory keeps the plan; the same command without "
                         "--plan-only continues from it)")
     p.add_argument("--restart", action="store_true", help="discard an earlier run's work and outputs")
+    p.add_argument("--max-bad-fraction", type=_fraction, default=MAX_BAD_FRACTION_DEFAULT, metavar="F",
+                   help=f"stop the run, with its report, once more than this share of the input items is skipped "
+                        f"(certainly, or projected from the first 1,000 items encoded); default "
+                        f"{MAX_BAD_FRACTION_DEFAULT:g}, 1 never stops; a stopped run continues with a higher value")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a share between 0 and 1 (0.5: half the items)")
+    return value
 
 
 def _size(text: str) -> int:
@@ -158,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
         precision=args.precision, workers=args.workers, ray_address=args.ray_address, device=args.device,
         progress=not args.no_progress, keep_work=args.keep_work, restart=args.restart, merge=args.merge,
         plan_files=args.plan_files, plan_bytes=args.plan_bytes, encoders=args.encoders, plan_only=args.plan_only,
+        max_bad_fraction=args.max_bad_fraction,
     )
     if args.kind == "pretrain":
         cfg = TokenizeConfig(**common, audio_task=args.audio_task, captions=args.captions, window=args.window,
@@ -166,5 +185,6 @@ def run(args: argparse.Namespace) -> int:
         cfg = TokenizeConfig(**common, without_reasoning=args.without_reasoning, mask_stream=args.mask_stream,
                              media_root=args.media_root)
     report = tokenize(cfg)
-    print(layout_line(report))
+    if not cfg.plan_only:  # a plan summary (printed by tokenize) has no layout written yet
+        print(layout_line(report))
     return 0

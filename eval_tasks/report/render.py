@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
-from ..catalogue import Benchmark, load
+from eval_tasks.catalogue import Benchmark, load
 
 __all__ = ["Line", "PARTS", "benchmark_table", "counts", "markdown", "part_of", "svg"]
 

@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..catalogue import SUITES, Benchmark, by_id, load, suite
+from eval_tasks.catalogue import SUITES, Benchmark, by_id, load, suite
+
 from .render import Line, markdown, part_of, svg
 from .worker import write_json
 
@@ -274,7 +275,7 @@ _PART_SUITE = {"text": "post-trained-text", "thinking": "thinking", "base": "bas
 
 def _length_rows(b: Benchmark, lengths: Sequence[int]) -> list[Any]:
     """A long-context benchmark's rows: the report's lengths, and the run's lengths the report has not."""
-    from ..catalogue import Row
+    from eval_tasks.catalogue import Row
 
     rows = list(b.rows)
     known = {r.metric.split(",")[0] for r in rows if r.metric}
@@ -341,7 +342,8 @@ def run(opts: Options, only: Sequence[str] = ()) -> Path:
     """Run the suite (resuming) and write the report; returns the path of ``report.md``."""
     from tqdm import tqdm
 
-    from ..derive import include_path
+    from eval_tasks.derive import include_path
+
     from .server import served_model
 
     items = plan(opts.suite, only)

@@ -173,6 +173,49 @@ def write_conversations(path: Path, media: Path, seed: int = 2) -> dict[str, int
     return {"written": 4, "skipped": 5}
 
 
+def nan_wav_bytes(rng: np.random.Generator, seconds: float, rate: int = 24000) -> bytes:
+    """A float32 WAV whose samples 100-199 are NaN: its header is fine, its samples are not."""
+    data = (rng.standard_normal(int(round(seconds * rate))) * 0.2).astype(np.float32)
+    data[100:200] = np.nan
+    buf = io.BytesIO()
+    sf.write(buf, data, rate, format="WAV", subtype="FLOAT")
+    return buf.getvalue()
+
+
+def float_wav_bytes(rng: np.random.Generator, seconds: float, rate: int = 24000) -> bytes:
+    data = (rng.standard_normal(int(round(seconds * rate))) * 0.2).astype(np.float32)
+    buf = io.BytesIO()
+    sf.write(buf, data, rate, format="WAV", subtype="FLOAT")
+    return buf.getvalue()
+
+
+def write_faulty_inputs(root: Path, seed: int = 4) -> dict[str, object]:
+    """Inputs with one clip of NaN samples among clips of its exact length (so they share its batch).
+
+    ``root/media``: ``a.wav``, ``b.wav``, ``nan.wav``, ``c.wav`` (0.25 s at 24 kHz, float32: one shape
+    group, one batch) and ``ok.png``; ``root/conv.jsonl``: a conversation with the NaN clip (line 2)
+    between conversations with the good clips (its encoder batch), and a text-only one.
+    """
+    rng = np.random.default_rng(seed)
+    media = root / "media"
+    media.mkdir(parents=True, exist_ok=True)
+    for name in ("a", "b"):
+        (media / f"{name}.wav").write_bytes(float_wav_bytes(rng, 0.25))
+    (media / "nan.wav").write_bytes(nan_wav_bytes(rng, 0.25))
+    (media / "c.wav").write_bytes(float_wav_bytes(rng, 0.25))
+    (media / "ok.png").write_bytes(png_bytes(_image(rng, 128, 128)))
+
+    def said(clip: str) -> dict[str, object]:
+        return {"messages": [{"role": "user", "content": [{"type": "audio", "audio": f"media/{clip}"},
+                                                         {"type": "text", "text": "What is said?"}]},
+                             {"role": "assistant", "content": "Noise."}]}
+
+    records = [said("a.wav"), said("nan.wav"), said("b.wav"),
+               [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]]
+    (root / "conv.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return {"media": media, "conversations": root / "conv.jsonl", "bad": "nan.wav", "bad_line": "conv.jsonl:2"}
+
+
 # ---------------------------------------------------------------------- a shared workspace
 
 #: The batch size of the reference runs: several batches per shape group and many kill points.
@@ -203,6 +246,11 @@ class Workspace:
         return path
 
     @functools.cached_property
+    def faulty(self) -> dict[str, object]:
+        """Inputs with a clip of NaN samples (see :func:`write_faulty_inputs`)."""
+        return write_faulty_inputs(self.root / "in" / "faulty")
+
+    @functools.cached_property
     def checkpoint(self) -> Path:
         return tiny_checkpoint(self.root / "ckpt")
 
@@ -211,9 +259,10 @@ class Workspace:
                 "--checkpoint", str(self.checkpoint), "--batch-size", BATCH, "--no-progress", *extra]
 
     def sft_args(self, out: Path, *extra: str) -> list[str]:
+        # more than half of the conversations are broken on purpose: the run must not stop on --max-bad-fraction
         return ["sft", str(self.conversations), "--out", str(out), "--tokenizer", str(self.tokenizer),
                 "--checkpoint", str(self.checkpoint), "--batch-size", "2", "--without-reasoning", "--mask-stream",
-                "--no-progress", *extra]
+                "--no-progress", "--max-bad-fraction", "1", *extra]
 
 
 @functools.cache
@@ -277,7 +326,7 @@ def reference(kind: str) -> Path:
 
         cfg = TokenizeConfig("sft", [str(ws.conversations)], out=str(out), tokenizer=str(ws.tokenizer),
                              checkpoint=str(ws.checkpoint), batch_size=2, without_reasoning=True, mask_stream=True,
-                             workers=0, progress=False)
+                             workers=0, progress=False, max_bad_fraction=1.0)  # 5 of 9 lines are broken on purpose
         with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
             tokenize(cfg)
         return out

@@ -239,3 +239,46 @@ def test_has_and_strip_reasoning() -> None:
     assert out[4]["content"] == {"blocks": [{"type": "response", "text": "R"}]}
     assert "reasoning_content" not in out[5]
     assert not has_reasoning(normalize_messages([{"role": "assistant", "content": "no"}]))
+
+
+def _chunks(png: bytes) -> list[bytes]:
+    out, pos = [], 8
+    while pos < len(png):
+        n = int.from_bytes(png[pos : pos + 4], "big")
+        out.append(png[pos : pos + 12 + n])
+        pos += 12 + n
+    return out
+
+
+def test_png_headers_are_read_without_decoding_the_pixels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planning reads headers only, PNGs too: Pillow's ``getexif`` of a PNG decodes it whole to look for an
+    ``eXIf`` chunk after the pixels; the planner walks the chunks instead (and still finds a late one)."""
+    import zlib
+
+    from PIL import Image, ImageFile
+
+    rng = np.random.default_rng(5)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90: the decoded image is 160 tall, 96 wide
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (96, 160, 3), dtype=np.uint8)).save(buf, "PNG", exif=exif)
+    chunks = _chunks(buf.getvalue())
+    kinds = [c[4:8] for c in chunks]
+    late = [c for c in chunks if c[4:8] != b"eXIf"]
+    late.insert(len(late) - 1, chunks[kinds.index(b"eXIf")])  # after the pixels, before IEND
+    (tmp_path / "late.png").write_bytes(buf.getvalue()[:8] + b"".join(late))
+    # pixel data that does not inflate: only decoding it fails
+    idat = next(c for c in chunks if c[4:8] == b"IDAT")
+    junk = b"IDAT" + bytes(len(idat) - 12)
+    bad = idat[:4] + junk + zlib.crc32(junk).to_bytes(4, "big")
+    (tmp_path / "junk.png").write_bytes(b"".join([buf.getvalue()[:8], *[bad if c is idat else c for c in chunks]]))
+    loads: list[str] = []
+    load = ImageFile.ImageFile.load
+    monkeypatch.setattr(ImageFile.ImageFile, "load", lambda self: loads.append(self.format) or load(self))
+    items, skips, _ = scan_pretrain([str(tmp_path)], "released", "released")
+    assert not loads and not skips  # no pixel decoded while planning
+    monkeypatch.undo()
+    shapes = {Path(it.name).name: it.media[0].shape for it in items}
+    pre = preprocess_image((tmp_path / "late.png").read_bytes())
+    assert shapes["late.png"] == [pre.height, pre.width] and pre.height > pre.width
+    assert shapes["junk.png"] == shapes["late.png"]  # its EXIF block comes first: orientation 6 too

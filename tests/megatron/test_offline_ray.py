@@ -14,7 +14,13 @@ before it was distributed).
   batching task the item files of its windows, a batch its own line of the plan and its own media
   (from the records and summaries each task writes);
 * a run killed at a planning point, an encoding point and a merge point (SIGKILL of the driver,
-  from inside a Ray task) resumes, reusing the finished work, to the same bytes.
+  from inside a Ray task) resumes, reusing the finished work, to the same bytes;
+* a clip with NaN samples costs only itself on Ray as in one process (pretraining on the test head,
+  SFT on a head of the run's own), and the driver killed alone (SIGKILL of its pid, not its group)
+  takes the run's encoder actor with it, and the run's own head (``--ray-address local``) whole;
+  the reruns resume to the same bytes;
+* Ray on loopback: every process of the test head and of a run's own head listens on 127.0.0.1
+  only (from their listening sockets), and both require a token.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -32,15 +39,17 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
-from _offline_data import SFT_SUFFIXES, cli, outputs, records, workspace
+from _offline_data import SFT_SUFFIXES, cli, kill_group, outputs, records, start_cli, workspace
 
 from apertus_plugins.data.offline.sources import shard_files
 
 FAULT = "APERTUS_TOKENIZE_FAULT"
-# Ray 2.60 turns on token authentication for a head as soon as ~/.ray/auth_token exists (any local
-# ray.init() on the machine writes it); the head, ``ray status`` and the drivers run without it here
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+#: the test head: Ray's single-machine mode, in which a head started with --node-ip-address 127.0.0.1
+#: keeps that address and its servers listen on it only, and a token of its own (the head, ``ray
+#: status`` and the drivers get both through the environment; apertus_plugins.data.offline.rayhead)
+SECURE = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
 #: the Ray runs: small planning shards; a small window spreads the batches over several plan parts
 PRETRAIN = ["--window", "6", "--plan-files", "4"]
 SFT = ["--plan-bytes", "2KB"]
@@ -52,18 +61,27 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class Head(str):
+    """The test head's address, with the pid of its ``ray start`` process."""
+
+    pid: int
+
+
 @pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[str]:
+def ray_cluster() -> Iterator[Head]:
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     port = _free_port()
     ray = str(Path(sys.executable).parent / "ray")
+    saved = {k: os.environ.get(k) for k in SECURE}
+    os.environ.update(zip(SECURE, ("0", "token", secrets.token_hex(32)), strict=True))
     head = subprocess.Popen(
         [ray, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "2",
          "--num-gpus", "0", "--include-dashboard", "false", "--disable-usage-stats", "--object-store-memory",
          str(200 * 2**20), "--temp-dir", temp],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
-    address = f"127.0.0.1:{port}"
+    address = Head(f"127.0.0.1:{port}")
+    address.pid = head.pid
 
     def stop() -> None:  # the head's children (GCS, raylet, workers) share its process group: stop that group only
         try:
@@ -89,6 +107,11 @@ def ray_cluster() -> Iterator[str]:
     finally:
         stop()
         shutil.rmtree(temp, ignore_errors=True)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _pretrain_args(out: Path, *extra: str) -> list[str]:
@@ -219,3 +242,149 @@ def test_kill_and_resume_on_ray_at_planning_encoding_and_merge_points(tmp_path: 
     run = json.loads(Path(f"{out}.report.json").read_text())["run"]
     assert run["plan_resumed"] and run["batches_resumed"] == plan["batches"] and run["parts_resumed"] >= 1
     assert not work.exists()
+
+
+# ---------------------------------------------------------------------- faults, orphans, loopback
+def _loopback(ip: str) -> bool:
+    return ip == "::1" or ip.startswith(("127.", "::ffff:127."))
+
+
+def _listening(procs: list[psutil.Process], seen: dict[int, list]) -> None:
+    """Add each process's name and listening addresses to ``seen`` (pid -> [name, {ip:port}])."""
+    for p in procs:
+        try:
+            name = p.name()
+            addrs = {f"{c.laddr.ip}:{c.laddr.port}" for c in p.net_connections("inet") if c.status == psutil.CONN_LISTEN}
+        except psutil.Error:
+            continue
+        entry = seen.setdefault(p.pid, [name, set()])
+        entry[0] = name if name.startswith("ray::") or not entry[0].startswith("ray::") else entry[0]
+        entry[1] |= addrs
+
+
+def _check_loopback(seen: dict[int, list]) -> None:
+    names = {n for n, _a in seen.values()}
+    assert {"gcs_server", "raylet"} <= names and any(n.startswith("ray::") for n in names), names
+    for name in ("gcs_server", "raylet"):
+        assert any(a for n, a in seen.values() if n == name), name  # they were seen listening
+    wide = {f"{n} ({pid})": sorted(a) for pid, (n, a) in seen.items() if any(not _loopback(x.rsplit(":", 1)[0]) for x in a)}
+    assert not wide, f"listening beyond loopback: {wide}"
+
+
+def _watch(proc: subprocess.Popen[str], until: object = None, timeout: float = 900) -> dict[int, list]:
+    """Every process of a driver's tree and its listening sockets, until it exits (or ``until(seen)``)."""
+    seen: dict[int, list] = {}
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            driver = psutil.Process(proc.pid)
+            _listening([driver, *driver.children(recursive=True)], seen)
+        except psutil.Error:
+            pass
+        if until is not None and until(seen):
+            break
+        time.sleep(0.2)
+    return seen
+
+
+def _actor(seen: dict[int, list]) -> int | None:
+    return next((pid for pid, (n, _a) in seen.items() if n.startswith("ray::EncoderActor")), None)
+
+
+def _gone(pids: list[int], timeout: float) -> list[str]:
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    _gone_, alive = psutil.wait_procs(procs, timeout=timeout)
+    return [f"{p.pid} {p.name()}" for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@functools.cache
+def faulty_single(kind: str) -> Path:
+    """The inputs with a NaN clip (_offline_data.write_faulty_inputs) in one process."""
+    ws = workspace()
+    out = ws.root / f"faulty-single-{kind}" / kind
+    src = ws.faulty["media" if kind == "pretrain" else "conversations"]
+    res = cli([kind, str(src), "--out", str(out), "--tokenizer", str(ws.tokenizer), "--checkpoint", str(ws.checkpoint),
+               "--workers", "0", "--no-progress", *(["--mask-stream"] if kind == "sft" else [])])
+    assert res.returncode == 0, res.stdout + res.stderr
+    return out
+
+
+def _skips(prefix: Path) -> list[tuple[str, str]]:
+    return [(Path(s["source"]).name, s["reason"]) for s in json.loads(Path(f"{prefix}.report.json").read_text())["skipped"]]
+
+
+def test_the_test_head_listens_on_loopback_only(ray_cluster: Head) -> None:
+    head = psutil.Process(ray_cluster.pid)
+    seen: dict[int, list] = {}
+    deadline = time.monotonic() + 120
+    while True:  # the raylet and its agents may still be starting when the GCS answers
+        _listening([head, *head.children(recursive=True)], seen)
+        names = {n for n, a in seen.values() if a or n.startswith("ray::")}
+        if {"gcs_server", "raylet"} <= names and any(n.startswith("ray::") for n in names):
+            break
+        assert time.monotonic() < deadline, names
+        time.sleep(0.5)
+    _check_loopback(seen)
+
+
+def test_a_nan_clip_on_ray_and_the_encoder_actor_ends_with_its_driver(tmp_path: Path, ray_cluster: Head) -> None:
+    ws = workspace()
+    ref = faulty_single("pretrain")
+    out = tmp_path / "ray" / "pretrain"
+    args = ["pretrain", str(ws.faulty["media"]), "--out", str(out), "--tokenizer", str(ws.tokenizer), "--checkpoint",
+            str(ws.checkpoint), "--ray-address", ray_cluster, "--no-progress"]
+    proc = start_cli(args)
+    try:
+        head = psutil.Process(ray_cluster.pid)
+        deadline = time.monotonic() + 600
+        actor = None
+        while actor is None:  # the run's encoder actor, a process of the head's
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert time.monotonic() < deadline, "no encoder actor"
+            seen: dict[int, list] = {}
+            _listening(head.children(recursive=True), seen)
+            actor = _actor(seen)
+            time.sleep(0.2)
+        os.kill(proc.pid, signal.SIGKILL)  # the driver alone
+        proc.wait(timeout=60)
+        assert not _gone([actor], timeout=90), "the encoder actor outlived its driver"
+    finally:
+        kill_group(proc)
+    res = cli(args)  # the rerun resumes what the killed one finished
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert outputs(out) == outputs(ref)
+    assert _skips(out) == _skips(ref) and _skips(out)[0][0] == "nan.wav"
+
+
+def test_a_run_of_its_own_head_is_loopback_only_and_gone_with_its_driver(tmp_path: Path) -> None:
+    """``--ray-address local``: SFT with the NaN clip; the driver killed alone once the actor runs, then a rerun."""
+    ws = workspace()
+    ref = faulty_single("sft")
+    out = tmp_path / "local" / "sft"
+    args = ["sft", str(ws.faulty["conversations"]), "--out", str(out), "--tokenizer", str(ws.tokenizer),
+            "--checkpoint", str(ws.checkpoint), "--mask-stream", "--ray-address", "local", "--no-progress"]
+    proc = start_cli(args)  # (the test head's variables are replaced by the run's own head's)
+    try:
+        seen = _watch(proc, until=lambda s: _actor(s) is not None)
+        assert _actor(seen) is not None and proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        _check_loopback(seen)
+        os.kill(proc.pid, signal.SIGKILL)  # the driver alone: its head's guard ends the head's session
+        proc.wait(timeout=60)
+        assert not _gone(list(seen), timeout=60), "processes of the run's Ray head outlived its driver"
+    finally:
+        kill_group(proc)
+    proc = start_cli(args)
+    try:
+        seen = _watch(proc)
+        assert proc.wait(timeout=900) == 0, proc.stdout.read() if proc.stdout else ""
+    finally:
+        kill_group(proc)
+    _check_loopback(seen)
+    assert not _gone(list(seen), timeout=60), "processes of the run's Ray head outlived the run"
+    assert outputs(out, ("", ".mask")) == outputs(ref, ("", ".mask"))
+    assert _skips(out) == _skips(ref) and _skips(out)[0][0] == "conv.jsonl:2"

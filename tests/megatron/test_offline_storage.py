@@ -68,7 +68,7 @@ def test_memory_filesystem_inputs_and_outputs() -> None:
         out = f"memory://{root}/out/sft"
         cfg = TokenizeConfig("sft", [f"memory://{root}/conv.jsonl"], out=out, tokenizer=str(ws.tokenizer),
                              checkpoint=str(ws.checkpoint), batch_size=2, without_reasoning=True, mask_stream=True,
-                             workers=0, progress=False, plan_bytes=4096)
+                             workers=0, progress=False, plan_bytes=4096, max_bad_fraction=1.0)
         report = tokenize(cfg, out=io.StringIO())
         assert _memory_outputs(fs, f"{root}/out/sft", SFT_SUFFIXES) == outputs(reference("sft"), SFT_SUFFIXES)
         assert report["run"]["shards"] > 1

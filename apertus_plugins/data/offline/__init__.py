@@ -11,7 +11,9 @@ The stages (see each module): :mod:`.sources` (inputs, planning shards, header-o
 tasks: plan a shard, decode / encode / write a batch, merge a part), :mod:`.execute` (in process,
 local processes, or Ray tasks and encoder actors), :mod:`.run` (the driver: resume, merge,
 manifest, report), :mod:`.progress` (items/s, encoder utilisation, skips, ETA) and
-:mod:`.storage` (local paths and fsspec URLs).
+:mod:`.storage` (local paths and fsspec URLs), :mod:`.preprocess` (the run's media settings: the
+one seam to the core's media functions), :mod:`.lifeline` (helpers that die with the driver) and
+:mod:`.rayhead` (a loopback-only Ray head of the run's own).
 """
 
 from .config import IMAGE_LAYOUT_DEFAULT, TokenizeConfig

@@ -20,10 +20,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .preprocess import MediaSettings
 from .storage import canonical, normalize
 
-__all__ = ["KINDS", "IMAGE_LAYOUT_DEFAULT", "AUDIO_TASKS", "CAPTIONS", "MERGES", "DEVICES", "Stream", "TokenizeConfig",
-           "default_workers"]
+__all__ = ["KINDS", "IMAGE_LAYOUT_DEFAULT", "AUDIO_TASKS", "CAPTIONS", "MERGES", "DEVICES", "MAX_BAD_FRACTION_DEFAULT",
+           "Stream", "TokenizeConfig", "default_workers"]
 
 #: What a run produces: ``pretrain`` (one media item per document) or ``sft`` (one conversation).
 KINDS = ("pretrain", "sft")
@@ -47,6 +48,9 @@ MERGES = ("single", "parts")
 
 #: Encoder devices: ``auto`` (CUDA when the machine or the Ray cluster has a GPU, else CPU).
 DEVICES = ("auto", "cpu", "cuda")
+
+#: The share of a run's input items that may be skipped before the run stops (``--max-bad-fraction``).
+MAX_BAD_FRACTION_DEFAULT = 0.5
 
 #: Files of a folder per planning shard, and bytes of a JSONL file per planning shard.
 PLAN_FILES_DEFAULT = 4096
@@ -94,6 +98,9 @@ class TokenizeConfig:
         workers / ray_address / encoders / device / progress / keep_work / restart / plan_only: how
             the run is executed (``encoders``: encoder actors on Ray, 0 for one per GPU or per two
             CPUs; ``plan_only``: stop after the plan, keeping the work directory).
+        max_bad_fraction: the run stops, with its report, once more than this share of its input
+            items is certain (or, from the first 1,000 items encoded, projected) to be skipped;
+            1 never stops. Not part of the fingerprint: a stopped run resumes with a higher value.
     """
 
     kind: str
@@ -128,9 +135,10 @@ class TokenizeConfig:
     keep_work: bool = False
     restart: bool = False
     plan_only: bool = False
+    max_bad_fraction: float = MAX_BAD_FRACTION_DEFAULT
 
     _EXECUTION = ("workers", "ray_address", "encoders", "device", "progress", "keep_work", "restart", "work_dir",
-                  "plan_only")
+                  "plan_only", "max_bad_fraction")
 
     def __post_init__(self) -> None:
         from apertus_plugins.core.media.audio import AUDIO_POLICIES
@@ -159,6 +167,11 @@ class TokenizeConfig:
             raise ValueError(f"encoders must be 0 (one per GPU, or per two CPUs) or more, got {self.encoders}")
         if self.merge not in MERGES:
             raise ValueError(f"unknown merge {self.merge!r}; choose {', '.join(MERGES)}")
+        if self.merge == "parts" and any(c.isspace() for c in self.out):
+            raise ValueError(f"--out {self.out!r}: --merge parts lists the part prefixes in a file for Megatron's "
+                             "--data-args-path, which splits on whitespace: use a prefix without spaces")
+        if not 0.0 <= float(self.max_bad_fraction) <= 1.0:
+            raise ValueError(f"max_bad_fraction must be between 0 and 1, got {self.max_bad_fraction}")
         if self.device.split(":", 1)[0] not in DEVICES:
             raise ValueError(f"unknown device {self.device!r}; devices are auto, cpu, cuda and cuda:N")
         if self.precision == "tf32" and self.device == "cpu":
@@ -207,6 +220,15 @@ class TokenizeConfig:
     @property
     def report_path(self) -> str:
         return f"{self.out}.report.json"
+
+    def data_args_path(self, manifest: str) -> str:
+        """``merge="parts"``: the file for Megatron-LM's ``--data-args-path`` beside a manifest
+        (``OUT.data-args.txt`` beside ``OUT.manifest.json``)."""
+        return manifest.removesuffix(".manifest.json") + ".data-args.txt"
+
+    def media_settings(self) -> MediaSettings:
+        """How this run's media are read: the one place its settings become the core's (see :mod:`.preprocess`)."""
+        return MediaSettings(resize_policy=self.resize_policy, audio_policy=self.audio_policy)
 
     # ------------------------------------------------------------------ identity
     def settings(self) -> dict[str, Any]:

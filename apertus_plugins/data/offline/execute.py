@@ -6,8 +6,9 @@ bounded number in flight) and :meth:`~Executor.batches` (the encode stage).
 
 * :class:`InProcess` (``--workers 0``): one batch after another in the driver.
 * :class:`LocalPool` (``--workers N``): ``N`` spawned processes, each decoding, encoding and
-  writing whole batches.
-* :class:`RayCluster` (``--ray-address ADDR``): planning, decoding, writing and merging are Ray
+  writing whole batches; they exit when the driver dies (:mod:`.lifeline`).
+* :class:`RayCluster` (``--ray-address ADDR``; ``local``: a head of the run's own, on loopback
+  only, :mod:`.rayhead`): planning, decoding, writing and merging are Ray
   tasks (one CPU each); encoding runs on Ray actors (:class:`EncoderActor`) that load the encoders
   once and are fed shape-uniform batches that CPU tasks decoded and resized ahead of them: a
   bounded queue keeps up to two decoded batches per actor waiting, and every actor has up to two
@@ -22,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import sys
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -101,23 +103,33 @@ class InProcess(Executor):
             on_done(worker.run_batch(work, ref))
 
 
-def _init_local(pgid: int, threads: int) -> None:
-    """A local worker process: the run's process group (for the fault hook) and its share of the CPUs."""
+def _init_local(pgid: int, threads: int, driver: int) -> None:
+    """A local worker process: it dies with the driver (:func:`.lifeline.exit_with_parent`: a killed
+    driver leaves no worker behind), the run's process group (for the fault hook), its share of the CPUs."""
+    from .lifeline import exit_with_parent
+
+    exit_with_parent(driver)
     os.environ[worker.PGID_ENV] = str(pgid)
     os.environ["APERTUS_TOKENIZE_THREADS"] = str(threads)
 
 
 class LocalPool(Executor):
-    """``n`` spawned worker processes (the driver may have imported torch: forking it is unsafe)."""
+    """``n`` spawned worker processes (the driver may have imported torch: forking it is unsafe).
+
+    The workers end with the driver, however it ends (see :func:`_init_local`).
+    """
 
     def __init__(self, n: int) -> None:
+        self.workers = self.encoders = n
+        self._pool = self._start()
+
+    def _start(self) -> Any:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        self.workers = self.encoders = n
-        threads = max(1, (os.cpu_count() or 1) // n)
-        self._pool = ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"),
-                                         initializer=_init_local, initargs=(os.getpgrp(), threads))
+        threads = max(1, (os.cpu_count() or 1) // self.workers)
+        return ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_init_local, initargs=(os.getpgrp(), threads, os.getpid()))
 
     def map(self, fn: Callable[..., Any], calls: Iterable[tuple[Any, tuple[Any, ...]]],
             on_done: Callable[[Any, Any], None], what: str) -> None:
@@ -137,7 +149,49 @@ class LocalPool(Executor):
 
     def batches(self, work: str, refs: Iterable[BatchRef], on_done: Callable[[dict[str, Any]], None],
                 encode: bool = True) -> None:
-        self.map(worker.run_batch, ((ref.id, (work, ref)) for ref in refs), lambda _k, rec: on_done(rec), "batch")
+        """Every batch on the pool. A worker process that dies (a decoder's crash, an out-of-memory kill)
+        takes the pool with it: the pool is started again and the batches that were in flight are run
+        again item by item (:func:`.worker.run_batch_careful`), which finds and skips an item that kills
+        its worker; only a batch whose workers keep dying with no item to blame fails the run."""
+        from concurrent.futures import FIRST_COMPLETED, wait
+        from concurrent.futures.process import BrokenProcessPool
+
+        todo = iter(refs)
+        again: deque[BatchRef] = deque()
+        deaths: dict[int, int] = {}  # batch -> worker deaths while it was in flight
+        pending: dict[Any, BatchRef] = {}
+        while True:
+            while len(pending) < 2 * self.workers:
+                ref = again.popleft() if again else next(todo, None)
+                if ref is None:
+                    break
+                fn = worker.run_batch_careful if ref.id in deaths else worker.run_batch
+                pending[self._pool.submit(fn, work, ref)] = ref
+            if not pending:
+                return
+            done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+            died: list[BatchRef] = []
+            for f in done:
+                ref = pending.pop(f)
+                exc = f.exception()
+                if exc is None:
+                    on_done(f.result())
+                elif isinstance(exc, BrokenProcessPool):
+                    died.append(ref)
+                else:
+                    raise RunError(f"batch {ref.id} failed: {type(exc).__name__}: {exc} ({RESUME})") from exc
+            if not died:
+                continue
+            died += pending.values()  # the pool is gone: whatever was in flight goes again
+            pending.clear()
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = self._start()
+            for ref in sorted(died, key=lambda r: r.id):
+                deaths[ref.id] = deaths.get(ref.id, 0) + 1
+                if deaths[ref.id] > worker.CRASHES * ref.items + 2:
+                    raise RunError(f"batch {ref.id}: its worker process died {deaths[ref.id]} times, on no item in "
+                                   f"particular ({RESUME})")
+                again.append(ref)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -156,18 +210,43 @@ class EncoderActor:
 
 
 class RayCluster(Executor):
-    """Tasks and encoder actors on a Ray cluster (``address``: ``auto``, ``host:port``, ``ray://...``, ``local``)."""
+    """Tasks and encoder actors on a Ray cluster (``address``: ``auto``, ``host:port``, ``ray://...``, ``local``).
+
+    ``local`` starts a head for the run: on 127.0.0.1 only, with a token, ended with the run even when
+    its driver is killed (:mod:`.rayhead`). The encoder actors are the run's own (not detached, not
+    named): Ray ends them with the driver's job, and :meth:`batches` kills them when it returns.
+    """
 
     def __init__(self, address: str, encoders: int = 0) -> None:
-        try:
-            import ray
-        except ImportError as exc:
-            raise RunError("--ray-address needs Ray: pip install 'apertus-plugins[ray]'") from exc
+        import importlib.util
+
+        from .rayhead import LocalHead, is_loopback, use_loopback
+
+        if importlib.util.find_spec("ray") is None:
+            raise RunError("--ray-address needs Ray: pip install 'apertus-plugins[ray]'")
+        self._head: LocalHead | None = None
+        if address == "local":  # a head of the run's own: loopback only, a token, gone with the run
+            try:
+                self._head = LocalHead.start()
+            except RuntimeError as exc:
+                raise RunError(f"--ray-address local: {exc}") from exc
+            address = self._head.address
+        elif is_loopback(address):
+            use_loopback()
+        import ray
+
+        if self._head is not None and "ray._raylet" in sys.modules:  # Ray imported before: read the token mode
+            with contextlib.suppress(Exception):
+                sys.modules["ray._raylet"].Config.initialize("")
         env = {worker.PGID_ENV: str(os.getpgrp())}
         if os.environ.get(worker.FAULT_ENV):
             env[worker.FAULT_ENV] = os.environ[worker.FAULT_ENV]
-        ray.init(address=None if address == "local" else address, log_to_driver=False,
-                 runtime_env={"env_vars": env}, configure_logging=False)
+        try:
+            ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": env}, configure_logging=False)
+        except BaseException:
+            if self._head is not None:
+                self._head.stop()
+            raise
         self._ray = ray
         res = ray.cluster_resources()
         self.cpus = int(res.get("CPU", 1))
@@ -282,6 +361,8 @@ class RayCluster(Executor):
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._ray.shutdown()
+        if self._head is not None:
+            self._head.stop()
 
 
 def make_executor(workers: int, ray_address: str | None, encoders: int = 0) -> Executor:

@@ -182,6 +182,10 @@ class Layout:
     def record(self, part: int, batch: int) -> str:
         return storage.join(self.record_dir(part), f"b{batch:07d}.json")
 
+    def crashes(self, part: int, batch: int) -> str:
+        """A batch run item by item after its worker died: the item in progress and the deaths per item."""
+        return self.path("crashes", f"p{part:06d}", f"b{batch:07d}.json")
+
     def merged_prefix(self, part: int, suffix: str = "") -> str:
         return self.path("merged", f"p{part:06d}{suffix}")
 

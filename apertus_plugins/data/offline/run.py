@@ -10,7 +10,10 @@ Layout on disk for ``--out OUT`` (a local path or a URL of any fsspec filesystem
     OUT.noreason.bin/.idx            sft, --without-reasoning: the copy without reasoning spans
     OUT.noreason.mask.bin/.idx       both of the above
     OUT.noreason.manifest.json       the copy's manifest (with its mask stream)
-    OUT.report.json                  the summary report (items written, skipped with reasons, tokens, timing)
+    OUT.data-args.txt                --merge parts: the parts with token-count weights, for Megatron-LM's
+                                     --data-args-path (and OUT.noreason.data-args.txt)
+    OUT.report.json                  the summary report (items written, skipped with reasons, tokens, timing);
+                                     "status": "stopped" when --max-bad-fraction stopped the run
     OUT.work/                        while running (removed after success unless --keep-work):
         lock                         held by the running driver (flock; local work directories)
         config.json                  the run's settings, read by every worker
@@ -27,6 +30,11 @@ and merging (a task per part, then, for a single output, one concatenation of th
 merged bytes depend only on the plan, so they equal those of an uninterrupted run with any worker
 count, local or on Ray. No process holds the plan whole: the driver holds a table with a row per
 shard, and each task reads only its own slice.
+
+A bad item costs only itself: whatever one item raises while it is planned, decoded, encoded or
+made a document skips that item (:mod:`.worker`), recorded in its shard's summary or its batch's
+record, so a resumed run does not try it again. :class:`BadFraction` stops a run whose inputs are
+mostly broken (``--max-bad-fraction``), with a report of what was skipped so far.
 """
 
 from __future__ import annotations
@@ -51,7 +59,7 @@ from apertus_plugins.data.offline import storage
 from .config import TokenizeConfig, canonical_json
 from .execute import Executor, RunError, make_executor
 from .plan import PLAN_FORMAT, PLAN_VERSION, BatchRef, Layout, part_windows
-from .progress import Progress, bar
+from .progress import Progress, Skipped, bar
 from .sources import list_shards
 from .worker import count_lines, fault_point, megatron_builder, merge_part, peak_rss_mb, plan_part, plan_shard
 
@@ -174,7 +182,7 @@ def _plan(cfg: TokenizeConfig, layout: Layout, ex: Executor) -> tuple[dict[str, 
     n = listing["shards"]
     counts = [0] * n
     media: Counter[str] = Counter()
-    skipped = 0
+    skipped = Skipped()
     referenced: dict[str, list[Any]] = {}
     resumed = 0
     rss = 0.0
@@ -202,19 +210,20 @@ def _plan(cfg: TokenizeConfig, layout: Layout, ex: Executor) -> tuple[dict[str, 
 
     with bar(cfg.progress, desc="plan", unit=" shard", total=n) as b:
         t_scan = time.perf_counter()
+        skipped.bar = b
 
         def scanned(s: int, summary: dict[str, Any]) -> None:
-            nonlocal skipped, resumed, rss, planned
+            nonlocal resumed, rss, planned
             counts[s] = summary["items"]
             planned += summary["items"]
             media.update(summary["media"])
-            skipped += len(summary["skipped"])
+            skipped.add(summary["skipped"])
             for r in summary["referenced"]:
                 referenced.setdefault(r[0], r)
             rss = max(rss, summary["worker"]["peak_rss_mb"])
             b.update(1)
-            b.set_postfix_str(f"{planned:,} items, {planned / max(time.perf_counter() - t_scan, 1e-9):,.0f} items/s",
-                              refresh=False)
+            b.set_postfix_str(f"{planned:,} items, {planned / max(time.perf_counter() - t_scan, 1e-9):,.0f} items/s, "
+                              f"{skipped.total:,} skipped", refresh=False)
 
         # a finished shard keeps its summary: read it here rather than sending a task
         def todo() -> Iterator[tuple[int, tuple[Any, ...]]]:
@@ -272,8 +281,9 @@ def _plan(cfg: TokenizeConfig, layout: Layout, ex: Executor) -> tuple[dict[str, 
                        f"{total}; pass --restart")
     plan = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "fingerprint": cfg.fingerprint(), "kind": cfg.kind,
             "shards": n, "files": listing["files"], "listing_sha256": listing["sha256"], "total_items": total,
-            "plan_skipped": skipped, "media": dict(sorted(media.items())), "batches": first, "parts": parts,
-            "referenced": list(referenced.values())}
+            "plan_skipped": skipped.total, "plan_skipped_by_reason": dict(sorted(skipped.counts.items())),
+            "plan_skipped_latest": list(skipped.latest), "media": dict(sorted(media.items())), "batches": first,
+            "parts": parts, "referenced": list(referenced.values())}
     storage.write_json(layout.plan, plan)
     info = {"plan_s": time.perf_counter() - t0, "plan_resumed": False, "shards_resumed": resumed,
             "scan_s": round(scan_s, 3), "scan_items_per_s": round(total / scan_s, 1) if scan_s > 0 else 0.0,
@@ -312,6 +322,61 @@ def _done_batches(layout: Layout, part: int) -> set[int]:
     return {int(n[1:8]) for n in storage.listdir(layout.record_dir(part)) if n.startswith("b") and n.endswith(".json")}
 
 
+class BadFraction:
+    """``--max-bad-fraction``: whether a run's inputs are too broken to go on (see :class:`TokenizeConfig`).
+
+    ``total`` counts every input item (planned, and skipped while planning). The run stops as soon
+    as the items skipped so far are more than ``limit`` of ``total`` (whatever the rest holds), or,
+    once :data:`SAMPLE` planned items (or all, when fewer) were decoded and encoded, as soon as the
+    share skipped among them, projected onto every planned item, takes the whole run above ``limit``.
+    """
+
+    #: planned items processed before a projection may stop a run
+    SAMPLE = 1000
+
+    def __init__(self, limit: float, planned: int, plan_skipped: int) -> None:
+        self.limit, self.planned, self.plan_skipped = float(limit), planned, plan_skipped
+        self.total = planned + plan_skipped
+        self.seen = self.skipped = 0  # planned items processed, and skipped among them
+
+    def add(self, items: int, skipped: int) -> None:
+        self.seen += items
+        self.skipped += skipped
+
+    def exceeded(self) -> str | None:
+        """Why the run must stop, or ``None``."""
+        if self.limit >= 1.0 or not self.total:
+            return None
+        bad = self.plan_skipped + self.skipped
+        if bad > self.limit * self.total:
+            return f"{bad:,} of the {self.total:,} input items are skipped ({bad / self.total:.1%})"
+        if self.seen and self.seen >= min(self.SAMPLE, self.planned):
+            projected = (self.plan_skipped + self.skipped / self.seen * self.planned) / self.total
+            if projected > self.limit:
+                return (f"{self.skipped:,} of the first {self.seen:,} items encoded were skipped, with the "
+                        f"{self.plan_skipped:,} skipped while planning: {projected:.1%} of the {self.total:,} input "
+                        "items projected")
+        return None
+
+
+class StopRun(RunError):
+    """The run stopped on ``--max-bad-fraction`` (the driver writes the report and says why)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+def _plan_skips(layout: Layout, plan: dict[str, Any]) -> Skipped:
+    """The plan stage's skipped items (from plan.json, or from the scan summaries of an older plan)."""
+    if "plan_skipped_by_reason" in plan:
+        return Skipped(counts=plan["plan_skipped_by_reason"], latest=plan.get("plan_skipped_latest", ()))
+    out = Skipped()
+    for s in range(plan["shards"]):
+        out.add(storage.read_json(layout.scan_summary(s))["skipped"])
+    return out
+
+
 def _encode(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], ex: Executor) -> dict[str, Any]:
     if storage.is_local(layout.work):  # a batch killed mid-write leaves temporary files: never trusted
         shards = storage.local_path(layout.path("shards"))
@@ -319,6 +384,8 @@ def _encode(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], ex: Execu
             for name in names:
                 if ".tmp" in name:
                     os.unlink(os.path.join(root, name))
+    skipped = _plan_skips(layout, plan)
+    budget = BadFraction(cfg.max_bad_fraction, plan["total_items"], plan["plan_skipped"])
     done_items = done_batches = 0
     todo_parts = []
     for p, (_first, n, _items) in enumerate(plan["parts"]):
@@ -327,10 +394,15 @@ def _encode(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], ex: Execu
         done = _done_batches(layout, p)
         if len(done) < n:
             todo_parts.append(p)
-        if done:
-            lines = storage.read_json(layout.part_summary(p))["lines"]
-            done_items += sum(lines[b - plan["parts"][p][0]][2] for b in done)
-            done_batches += len(done)
+        for b in sorted(done):  # batches of an earlier run: their skips count (and are not named again)
+            record = storage.read_json(layout.record(p, b))
+            skipped.add(record["skipped"])
+            budget.add(len(record["items"]) + len(record["skipped"]), len(record["skipped"]))
+            done_items += len(record["items"]) + len(record["skipped"])
+            done_batches += 1
+    why = budget.exceeded()
+    if why:
+        raise StopRun(why)
 
     def refs() -> Iterator[BatchRef]:
         for p in todo_parts:
@@ -342,7 +414,6 @@ def _encode(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], ex: Execu
                     off, length, items = lines[k]
                     yield BatchRef(first + k, p, k, off, length, items)
 
-    skipped = Counter[str]()
     progress = Progress(layout.progress, plan["total_items"], done_items, ex.encoders, cfg.progress, skipped)
     devices: set[str] = set()
     rss = {"decode": 0.0, "encode": 0.0}
@@ -356,11 +427,18 @@ def _encode(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], ex: Execu
         rss["decode"] = max(rss["decode"], record["worker"]["peak_rss_mb"])
         if record.get("encoder"):
             rss["encode"] = max(rss["encode"], record["encoder"]["peak_rss_mb"])
-        progress.update(record, len(record["items"]) + len(record["skipped"]))
+        items = len(record["items"]) + len(record["skipped"])
+        progress.update(record, items)
+        budget.add(items, len(record["skipped"]))
+        why = budget.exceeded()
+        if why:
+            raise StopRun(why)
 
     t0 = time.perf_counter()
-    ex.batches(layout.work, refs(), on_done, encode=bool(plan["media"]))
-    stats = progress.close()
+    try:
+        ex.batches(layout.work, refs(), on_done, encode=bool(plan["media"]))
+    finally:
+        stats = progress.close()
     return {"encode_s": time.perf_counter() - t0, "batches_resumed": done_batches, "batches_run": new,
             "devices": sorted(devices), "progress": stats, "peak_rss_mb": rss}
 
@@ -451,6 +529,21 @@ def _manifests(cfg: TokenizeConfig, spec: Any, parts: list[dict[str, Any]], remo
                     entry = by_prefix[cfg.part_prefix(part["part"], s)]
                     entries.append(dict(entry, metadata=dict(_metadata(cfg, s.suffix, spec), part=part["part"])))
         storage.write_json(path, manifest_document(entries), indent=2)
+        if cfg.merge == "parts":
+            _data_args(cfg, path, streams[0], entries)
+
+
+def _data_args(cfg: TokenizeConfig, manifest: str, stream: Any, entries: list[dict[str, Any]]) -> None:
+    """``--merge parts``: the file Megatron-LM reads with ``--data-args-path`` beside the manifest.
+
+    Megatron-LM splits the file on whitespace and reads it as ``--data-path`` (``WEIGHT PREFIX``
+    pairs, ``get_blend_from_list``); here one pair a line, the weight being the part's token count
+    (Megatron normalises the weights), the prefixes in plan order, the token stream's only (a mask
+    stream is found by its suffix, as ``--apertus-sft-mask stored`` reads it).
+    """
+    lines = [f"{e['tokens']} {e['prefix']}\n" for e in entries
+             if e["prefix"] == cfg.part_prefix(e["metadata"]["part"], stream)]
+    storage.write_bytes(cfg.data_args_path(manifest), "".join(lines).encode("utf-8"))
 
 
 def _metadata(cfg: TokenizeConfig, stream_suffix: str, spec: Any) -> dict[str, Any]:
@@ -502,6 +595,8 @@ def _report(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], parts: li
             entry["tokens"] = dict(tok, total=sum(tok.values()))
         if cfg.merge == "parts":
             entry["parts"] = [cfg.part_prefix(p["part"], s) for p in parts if p["documents"]]
+            if s.dtype == "int32":
+                entry["data_args"] = cfg.data_args_path(f"{cfg.prefix(s)}.manifest.json")
         outputs[cfg.prefix(s)] = entry
     media: Counter[str] = Counter()
     for p in parts:
@@ -515,6 +610,7 @@ def _report(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], parts: li
     return {
         "format": REPORT_FORMAT,
         "version": REPORT_VERSION,
+        "status": "complete",
         "kind": cfg.kind,
         "outputs": outputs,
         "items": {"total": plan["total_items"] + plan["plan_skipped"], "written": written, "skipped": len(skipped)},
@@ -531,8 +627,40 @@ def _report(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], parts: li
     }
 
 
+def _stopped(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], why: str) -> dict[str, Any]:
+    """The report of a run stopped on ``--max-bad-fraction`` (written to ``OUT.report.json``): every item
+    skipped so far, by name, with the counts; no outputs."""
+    skipped: list[dict[str, Any]] = []
+    for s in range(plan["shards"]):
+        skipped.extend(storage.read_json(layout.scan_summary(s))["skipped"])
+    processed = written = 0
+    for p, (_first, n, _items) in enumerate(plan["parts"]):
+        for b in sorted(_done_batches(layout, p)) if n else ():
+            record = storage.read_json(layout.record(p, b))
+            skipped.extend(record["skipped"])
+            processed += len(record["items"]) + len(record["skipped"])
+            written += len(record["items"])
+    report = {
+        "format": REPORT_FORMAT,
+        "version": REPORT_VERSION,
+        "status": "stopped",
+        "stopped": {"why": why, "max_bad_fraction": cfg.max_bad_fraction},
+        "kind": cfg.kind,
+        "outputs": {},
+        "items": {"total": plan["total_items"] + plan["plan_skipped"], "encoded": written, "skipped": len(skipped),
+                  "not_processed": plan["total_items"] - processed},
+        "skipped_by_reason": dict(sorted(Counter(s["reason"] for s in skipped).items())),
+        "skipped": skipped,
+        "fingerprint": plan["fingerprint"],
+        "inputs": {"shards": plan["shards"], "files": plan["files"], "listing_sha256": plan["listing_sha256"],
+                   "referenced": plan["referenced"]},
+    }
+    storage.write_json(cfg.report_path, report)
+    return report
+
+
 def format_report(report: dict[str, Any], limit: int = 20) -> str:
-    """The summary printed at the end of a run."""
+    """The summary printed at the end of a run (or where it stopped)."""
     items = report["items"]
     lines = []
     for prefix, o in report["outputs"].items():
@@ -540,13 +668,23 @@ def format_report(report: dict[str, Any], limit: int = 20) -> str:
         extra = f", {tok.get('total', 0):,} tokens" if tok else ""
         where = f"{len(o['parts'])} parts {prefix}.partNNNNNN" if "parts" in o else prefix
         lines.append(f"wrote {where}.bin/.idx: {o['documents']:,} documents{extra} ({o['what']})")
-    lines.append(f"items: {items['total']:,} in the inputs, {items['written']:,} written, {items['skipped']:,} skipped")
+        if o.get("data_args"):
+            lines.append(f"  Megatron: --data-args-path {o['data_args']} (a weight and a prefix per part)")
+    if report.get("status") == "stopped":
+        lines.append(f"stopped: {report['stopped']['why']} (--max-bad-fraction {report['stopped']['max_bad_fraction']:g})")
+        lines.append(f"items: {items['total']:,} in the inputs, {items['encoded']:,} encoded, {items['skipped']:,} "
+                     f"skipped, {items['not_processed']:,} not processed; nothing written")
+    else:
+        lines.append(f"items: {items['total']:,} in the inputs, {items['written']:,} written, {items['skipped']:,} "
+                     "skipped")
     if report["skipped_by_reason"]:
         lines.append("skipped: " + ", ".join(f"{n} {r}" for r, n in report["skipped_by_reason"].items()))
         for s in report["skipped"][:limit]:
             lines.append(f"  {s['detail']}")
         if len(report["skipped"]) > limit:
             lines.append(f"  ... {len(report['skipped']) - limit} more in the report")
+    if report.get("status") == "stopped":
+        return "\n".join(lines)
     tok = report["tokens"]
     if tok:
         lines.append("tokens: " + ", ".join(f"{k} {v:,}" for k, v in tok.items()))
@@ -598,6 +736,8 @@ def _complete(cfg: TokenizeConfig) -> dict[str, Any] | None:
             raise RunError(f"{cfg.out}: exists from a run with other settings or inputs; pass --restart to "
                            "replace it")
         return None
+    if report.get("status", "complete") != "complete":  # a run stopped on --max-bad-fraction: not done
+        return None
     inputs = report.get("inputs", {})
     digest = hashlib.sha256()
     for line in _listing_lines(cfg):
@@ -645,7 +785,15 @@ def tokenize(cfg: TokenizeConfig, out: Any = None) -> dict[str, Any]:
             plan, plan_info = _plan(cfg, layout, ex)
             if cfg.plan_only:
                 return _plan_summary(cfg, layout, plan, plan_info, out)
-            enc = _encode(cfg, layout, plan, ex)
+            try:
+                enc = _encode(cfg, layout, plan, ex)
+            except StopRun as stop:
+                report = _stopped(cfg, layout, plan, stop.why)
+                print(format_report(report), file=out)
+                raise RunError(f"{stop.why}: above --max-bad-fraction {cfg.max_bad_fraction:g}, so the run stopped "
+                               f"(the report {cfg.report_path} names every skipped item). Finished work is kept: run "
+                               "again with a higher --max-bad-fraction to continue, or fix the inputs and pass "
+                               "--restart") from None
             t1 = time.perf_counter()
             merged = _merge_parts(cfg, layout, plan, ex)
         finally:

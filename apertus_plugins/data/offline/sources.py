@@ -44,10 +44,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from apertus_plugins.data.offline import storage
+from . import storage
+from .preprocess import MediaSettings
 
 __all__ = [
-    "IMAGE_EXTS", "AUDIO_EXTS", "MediaRef", "Item", "Skip", "Reasons", "BadInput", "RangeReader", "ShardScan",
+    "IMAGE_EXTS", "AUDIO_EXTS", "MediaRef", "Item", "Skip", "Reasons", "BadInput", "RangeReader", "ShardScan", "unexpected",
     "open_media", "read_media", "media_shape", "list_shards", "line_starts", "scan_shard", "scan_pretrain",
     "scan_sft", "parse_record", "media_parts", "part_source", "media_base",
 ]
@@ -74,6 +75,9 @@ class Reasons:
     REMOTE = "remote media not fetched"
     TEXT = "unreadable text"
     NO_TRANSCRIPT = "no transcript"
+    ENCODER = "encoder failed"  # the encoder raised on the item alone (its batch is encoded without it)
+    CRASH = "worker crashed"  # its worker process died on it, twice (a crashing decoder, out of memory)
+    ERROR = "unexpected error"  # anything else an item raised (the detail names the stage and the error)
 
 
 class BadInput(ValueError):
@@ -129,11 +133,25 @@ class Item:
 
 @dataclass
 class Skip:
-    """An input left out of the output: its name, the short reason and the full message."""
+    """An input left out of the output: its name, the short reason, the full message and the stage
+    that found it (``plan``: its header; ``decode``: its bytes; ``encode``: the encoder; ``document``:
+    building its ids)."""
 
     source: str
     reason: str
     detail: str
+    stage: str = ""
+
+
+def unexpected(name: str, stage: str, exc: BaseException, media: str | None = None) -> Skip:
+    """The skip of an item whose ``stage`` raised something no rule expects (it costs only that item);
+    ``media``: the item's media part that raised, when it is not the item itself."""
+    where = f"{name}: {media}" if media and media != name else name
+    return Skip(name, Reasons.ERROR, f"{where}: {_WHILE[stage]}: {type(exc).__name__}: {exc}", stage)
+
+
+_WHILE = {"plan": "reading its header", "decode": "decoding and preprocessing it", "encode": "encoding it",
+          "document": "building its document"}
 
 
 # ---------------------------------------------------------------------- byte access
@@ -210,14 +228,40 @@ def read_media(ref: MediaRef, inline_bytes: Callable[[MediaRef], bytes] | None =
 
 
 # ---------------------------------------------------------------------- headers
+def _png_exif(fp: Any) -> bytes | None:
+    """The ``eXIf`` chunk of a PNG wherever it is, found by walking the chunk headers (no pixel decoded)."""
+    fp.seek(8)  # the signature
+    while True:
+        head = fp.read(8)
+        if len(head) < 8:
+            return None
+        length, kind = int.from_bytes(head[:4], "big"), head[4:]
+        if kind == b"eXIf":
+            return fp.read(length)
+        if kind == b"IEND":
+            return None
+        fp.seek(length + 4, 1)  # the data and its CRC
+
+
 def _image_header(fh: Any) -> tuple[int, int]:
-    """(height, width) as the decoded, EXIF-transposed image will have them, from the header."""
+    """(height, width) as the decoded, EXIF-transposed image will have them, from the header.
+
+    Nothing is decoded: Pillow's ``getexif`` of a PNG without an ``eXIf`` chunk before its pixels
+    decodes the whole image to look for one after them, so for PNGs the chunks are walked instead.
+    """
     from PIL import Image
 
     with Image.open(fh) as img:
         width, height = img.size
         try:
-            orientation = int(img.getexif().get(0x0112, 1))  # EXIF Orientation
+            if img.format == "PNG" and "exif" not in img.info:
+                data = _png_exif(img.fp)
+                exif = Image.Exif()
+                if data:
+                    exif.load(data)
+            else:
+                exif = img.getexif()
+            orientation = int(exif.get(0x0112, 1))  # EXIF Orientation
         except Exception:  # noqa: BLE001 (a broken EXIF block leaves the image upright)
             orientation = 1
     if orientation in (5, 6, 7, 8):  # the transposing orientations swap the sides
@@ -225,11 +269,10 @@ def _image_header(fh: Any) -> tuple[int, int]:
     return height, width
 
 
-def media_shape(ref: MediaRef, resize_policy: str, audio_policy: str,
-                inline_bytes: Callable[[MediaRef], bytes] | None = None) -> None:
+def media_shape(ref: MediaRef, media: MediaSettings, inline_bytes: Callable[[MediaRef], bytes] | None = None) -> None:
     """Fill ``ref.shape`` and ``ref.codes`` from the item's header; raise :class:`BadInput`."""
-    from apertus_plugins.core.media.audio import AudioError, audio_code_count, resampled_length
-    from apertus_plugins.core.media.image import MAX_ASPECT, PATCH, ImageError, resized_size
+    from apertus_plugins.core.media.audio import AudioError, audio_code_count
+    from apertus_plugins.core.media.image import MAX_ASPECT, PATCH, ImageError
 
     if ref.inline is None and ref.offset < 0:
         size = storage.stamp(ref.path)[0]
@@ -248,7 +291,7 @@ def media_shape(ref: MediaRef, resize_policy: str, audio_policy: str,
             except Exception as exc:  # noqa: BLE001 (any header parse failure is bad input)
                 raise BadInput(Reasons.IMAGE, f"{ref.name}: not a readable image ({exc})") from exc
             try:
-                rh, rw = resized_size(h, w, resize_policy)
+                rh, rw = media.image_size(h, w)
             except ImageError as exc:
                 ratio = max(h, w) / max(min(h, w), 1)
                 reason = Reasons.ASPECT if min(h, w) > 0 and ratio > MAX_ASPECT else Reasons.IMAGE_SIZE
@@ -263,7 +306,7 @@ def media_shape(ref: MediaRef, resize_policy: str, audio_policy: str,
             except Exception as exc:  # noqa: BLE001
                 raise BadInput(Reasons.AUDIO, f"{ref.name}: not a readable audio file ({exc})") from exc
             try:
-                n = resampled_length(int(info.frames), int(info.samplerate), audio_policy)
+                n = media.audio_length(int(info.frames), int(info.samplerate))
             except AudioError as exc:
                 raise BadInput(Reasons.AUDIO, f"{ref.name}: {exc}") from exc
             ref.shape = [n]
@@ -444,9 +487,12 @@ class ShardScan:
     items: int = 0
 
 
-def scan_shard(spec: dict[str, Any], resize_policy: str, audio_policy: str, media_root: str | None,
+def scan_shard(spec: dict[str, Any], media: MediaSettings, media_root: str | None,
                emit: Callable[[Item], None]) -> ShardScan:
-    """Plan one shard from headers: ``emit`` each item (indices local to the shard), return the rest."""
+    """Plan one shard from headers: ``emit`` each item (indices local to the shard), return the rest.
+
+    Whatever one item raises (a header no rule expects, an unreadable caption) skips that item only.
+    """
     out = ShardScan()
     reads: dict[str, None] = {}
 
@@ -461,31 +507,34 @@ def scan_shard(spec: dict[str, Any], resize_policy: str, audio_policy: str, medi
         reads.setdefault(path)
 
     if spec["kind"] == "files":
-        _scan_files(spec, resize_policy, audio_policy, add, out.skips, read)
+        _scan_files(spec, media, add, out.skips, read)
     elif spec["kind"] == "tar":
         read(spec["path"])
-        _scan_tar(spec["path"], spec["name"], resize_policy, audio_policy, add, out.skips)
+        _scan_tar(spec["path"], spec["name"], media, add, out.skips)
     elif spec["kind"] == "jsonl":
         read(spec["path"])
-        _scan_jsonl(spec, media_root, resize_policy, audio_policy, add, out, read)
+        _scan_jsonl(spec, media_root, media, add, out, read)
     else:
         raise ValueError(f"unknown shard kind {spec['kind']!r}")
     out.read = list(reads)
     return out
 
 
-def _shaped(ref: MediaRef, text: str | None, resize_policy: str, audio_policy: str,
-            add: Callable[[Item], None], skips: list[Skip]) -> None:
+def _shaped(ref: MediaRef, text: str | None, media: MediaSettings, add: Callable[[Item], None],
+            skips: list[Skip]) -> None:
     try:
-        media_shape(ref, resize_policy, audio_policy)
+        media_shape(ref, media)
     except BadInput as exc:
-        skips.append(Skip(ref.name, exc.reason, exc.detail))
+        skips.append(Skip(ref.name, exc.reason, exc.detail, "plan"))
+        return
+    except Exception as exc:  # noqa: BLE001 (one item's failure costs only that item)
+        skips.append(unexpected(ref.name, "plan", exc))
         return
     add(Item(0, ref.kind, ref.name, [ref], text))
 
 
-def _scan_files(spec: dict[str, Any], resize_policy: str, audio_policy: str, add: Callable[[Item], None],
-                skips: list[Skip], read: Callable[[str], None]) -> None:
+def _scan_files(spec: dict[str, Any], media: MediaSettings, add: Callable[[Item], None], skips: list[Skip],
+                read: Callable[[str], None]) -> None:
     for path, name, _st, role, caption in spec["files"]:
         if role in ("image", "audio"):
             text = None
@@ -495,24 +544,27 @@ def _scan_files(spec: dict[str, Any], resize_policy: str, audio_policy: str, add
                     text = _read_text(storage.read_bytes(caption),
                                       storage.join(storage.parent(name), _stem(storage.name_of(name)) + ".txt"))
                 except BadInput as exc:
-                    skips.append(Skip(name, exc.reason, exc.detail))
+                    skips.append(Skip(name, exc.reason, exc.detail, "plan"))
+                    continue
+                except OSError as exc:  # a caption that cannot be read (permissions, a vanished file)
+                    skips.append(Skip(name, Reasons.TEXT, f"{name}: its caption {caption} cannot be read ({exc})",
+                                      "plan"))
                     continue
             read(path)
-            _shaped(MediaRef(role, path, name), text, resize_policy, audio_policy, add, skips)
+            _shaped(MediaRef(role, path, name), text, media, add, skips)
         elif role == "caption":
             continue
         elif role == "compressed":
             skips.append(Skip(name, Reasons.FORMAT, f"{name}: compressed tar shards are not supported "
-                              "(items are read by byte offset; use plain .tar WebDataset shards)"))
+                              "(items are read by byte offset; use plain .tar WebDataset shards)", "plan"))
         else:
             fname = storage.name_of(name)
             ext = _ext(fname) if "." in fname else ""
             skips.append(Skip(name, Reasons.FORMAT, f"{name}: not an image, audio file or .tar shard "
-                              f"(extension {ext or 'none'!r})"))
+                              f"(extension {ext or 'none'!r})", "plan"))
 
 
-def _scan_tar(path: str, name: str, resize_policy: str, audio_policy: str, add: Callable[[Item], None],
-              skips: list[Skip]) -> None:
+def _scan_tar(path: str, name: str, media: MediaSettings, add: Callable[[Item], None], skips: list[Skip]) -> None:
     samples: dict[str, dict[str, tarfile.TarInfo]] = {}
     try:
         with storage.open_read(path) as fh, tarfile.open(fileobj=fh, mode="r:") as tf:
@@ -526,16 +578,17 @@ def _scan_tar(path: str, name: str, resize_policy: str, audio_policy: str, add: 
                 samples.setdefault(posixpath.join(d, key), {})[ext.lower()] = m
     except (tarfile.TarError, OSError, EOFError) as exc:
         skips.append(Skip(name, Reasons.TAR, f"{name}: not a readable (uncompressed) tar shard, "
-                          f"{len(samples)} samples read before the error ({exc})"))
+                          f"{len(samples)} samples read before the error ({exc})", "plan"))
     with storage.open_read(path) as fh:
         for key, parts in samples.items():
             sample = f"{name}:{key}"
-            media = {e: m for e, m in parts.items() if _kind_of(_ext(e))}
-            if len(media) != 1:
-                what = "no image or audio component" if not media else f"{len(media)} media components"
-                skips.append(Skip(sample, Reasons.FORMAT, f"{sample}: {what} (components: {', '.join(sorted(parts))})"))
+            found = {e: m for e, m in parts.items() if _kind_of(_ext(e))}
+            if len(found) != 1:
+                what = "no image or audio component" if not found else f"{len(found)} media components"
+                skips.append(Skip(sample, Reasons.FORMAT, f"{sample}: {what} (components: {', '.join(sorted(parts))})",
+                                  "plan"))
                 continue
-            (ext, m), = media.items()
+            (ext, m), = found.items()
             text = None
             if "txt" in parts:
                 t = parts["txt"]
@@ -543,10 +596,10 @@ def _scan_tar(path: str, name: str, resize_policy: str, audio_policy: str, add: 
                 try:
                     text = _read_text(fh.read(t.size), f"{sample}.txt")
                 except BadInput as exc:
-                    skips.append(Skip(sample, exc.reason, exc.detail))
+                    skips.append(Skip(sample, exc.reason, exc.detail, "plan"))
                     continue
             _shaped(MediaRef(_kind_of(_ext(ext)) or "", path, f"{sample}.{ext}", m.offset_data, m.size), text,
-                    resize_policy, audio_policy, add, skips)
+                    media, add, skips)
 
 
 def _lines(fh: Any, start: int, end: int) -> Iterator[tuple[int, bytes]]:
@@ -566,8 +619,8 @@ def _lines(fh: Any, start: int, end: int) -> Iterator[tuple[int, bytes]]:
         pos += len(raw)
 
 
-def _scan_jsonl(spec: dict[str, Any], media_root: str | None, resize_policy: str, audio_policy: str,
-                add: Callable[[Item], None], out: ShardScan, read: Callable[[str], None]) -> None:
+def _scan_jsonl(spec: dict[str, Any], media_root: str | None, media: MediaSettings, add: Callable[[Item], None],
+                out: ShardScan, read: Callable[[str], None]) -> None:
     from apertus_plugins.core.chat.template import ChatFormatError, normalize_messages
 
     path, display = spec["path"], spec["name"]
@@ -597,19 +650,22 @@ def _scan_jsonl(spec: dict[str, Any], media_root: str | None, resize_policy: str
                             seen.add(value)
                             out.referenced.append([value, *storage.stamp(value)])
                             read(value)
-                        media_shape(ref, resize_policy, audio_policy)
+                        media_shape(ref, media)
                     else:
                         ref = MediaRef(kind, path, where, size=len(value), inline=[mi, pi])
-                        media_shape(ref, resize_policy, audio_policy, lambda _r, v=value: v)
+                        media_shape(ref, media, lambda _r, v=value: v)
                     refs.append(ref)
             except BadInput as exc:
-                out.skips.append(Skip(name, exc.reason, exc.detail))
+                out.skips.append(Skip(name, exc.reason, exc.detail, "plan"))
+                continue
+            except Exception as exc:  # noqa: BLE001 (one conversation's failure costs only that conversation)
+                out.skips.append(unexpected(name, "plan", exc))
                 continue
             add(Item(0, "conversation", name, refs, record=[path, offset, len(raw)]))
 
 
 # ---------------------------------------------------------------------- in one process
-def _scan_all(kind: str, sources: list[str], media_root: str | None, resize_policy: str, audio_policy: str,
+def _scan_all(kind: str, sources: list[str], media_root: str | None, media: MediaSettings,
               tick: Callable[[int], None]) -> tuple[list[Item], list[Skip], list[str]]:
     items: list[Item] = []
     skips: list[Skip] = []
@@ -620,7 +676,7 @@ def _scan_all(kind: str, sources: list[str], media_root: str | None, resize_poli
             it.index = len(items)
             items.append(it)
 
-        found = scan_shard(spec, resize_policy, audio_policy, media_root, emit)
+        found = scan_shard(spec, media, media_root, emit)
         skips.extend(found.skips)
         for f in shard_files(spec) if spec["kind"] != "files" else [f[0] for f in spec["files"]]:
             files.setdefault(f)
@@ -636,13 +692,13 @@ def scan_pretrain(sources: list[str], resize_policy: str, audio_policy: str,
 
     All in this process and in memory: the pipeline plans shard by shard (:func:`scan_shard`).
     """
-    return _scan_all("pretrain", sources, None, resize_policy, audio_policy, tick)
+    return _scan_all("pretrain", sources, None, MediaSettings(resize_policy, audio_policy), tick)
 
 
 def scan_sft(sources: list[str], media_root: str | None, resize_policy: str, audio_policy: str,
              tick: Callable[[int], None] = lambda n: None) -> tuple[list[Item], list[Skip], list[str]]:
     """Every conversation (with its media's shapes), skip and file read of SFT sources, in source order."""
-    return _scan_all("sft", sources, media_root, resize_policy, audio_policy, tick)
+    return _scan_all("sft", sources, media_root, MediaSettings(resize_policy, audio_policy), tick)
 
 
 # ---------------------------------------------------------------------- SFT records

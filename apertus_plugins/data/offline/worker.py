@@ -15,6 +15,11 @@ the items written, the items skipped with reasons, token counts, timings, what i
 written atomically. The record is the batch's checkpoint: a batch without one did not happen, and
 a resumed run redoes it from scratch, so a kill at any moment loses at most the batches in flight.
 
+Whatever one item raises (a bad file, a failing encoder, a document that cannot be built) costs
+only that item: it is skipped with its reason and the stage that found it, and the rest of the
+batch is written. When the encoder raises on a batch, the batch is encoded again in halves down to
+the arrays it fails on alone (:meth:`WorkerContext._isolated`).
+
 Merging (:func:`merge_part`): the batch shards of one plan part concatenated by megatron-core's
 ``IndexedDatasetBuilder.add_index``, into the work directory (``merge="single"``, concatenated
 again by the driver) or as the part's final dataset (``merge="parts"``).
@@ -28,7 +33,9 @@ kill or a lost node would.
 * ``batch-mid:N``: inside batch N, after part of its shard data is on disk, before its commit;
 * ``batch-done:N``: right after batch N's record is committed (between batches);
 * ``merge-part:P``: right after part P's merged dataset and its record are written;
-* ``merge-mid:K``: in the final merge (``single``), after K parts were appended to the first output.
+* ``merge-mid:K``: in the final merge (``single``), after K parts were appended to the first output;
+* ``crash-item:FILE``: only the process decoding the media file FILE (its base name) is killed, each
+  time, as a decoder crashing on that file would.
 
 With ``--workers 0`` (everything in the driver's own process) the hook kills that process.
 """
@@ -46,8 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from apertus_plugins.data.offline import storage
-
+from . import storage
 from .config import TokenizeConfig
 from .plan import BatchRef, ItemWriter, Layout, batch_items, cut_batches, read_items, window_batches, write_part
 from .sources import (
@@ -63,13 +69,28 @@ from .sources import (
     plugin_modality,
     read_media,
     scan_shard,
+    unexpected,
 )
 
-__all__ = ["FAULT_ENV", "PGID_ENV", "fault_point", "WorkerContext", "context", "Decoded", "plan_shard", "plan_part",
-           "count_lines", "decode_batch", "write_batch", "run_batch", "merge_part", "peak_rss_mb"]
+__all__ = ["FAULT_ENV", "PGID_ENV", "CRASHES", "fault_point", "WorkerContext", "context", "Decoded", "plan_shard",
+           "plan_part", "count_lines", "decode_batch", "write_batch", "run_batch", "run_batch_careful", "merge_part",
+           "peak_rss_mb"]
 
 FAULT_ENV = "APERTUS_TOKENIZE_FAULT"
 PGID_ENV = "APERTUS_TOKENIZE_PGID"
+
+
+#: Times an item's worker process may die on it (in careful runs) before the item is skipped: once
+#: may be a kill from outside, twice is the item.
+CRASHES = 2
+
+
+def _crash_point(name: str) -> None:
+    """``crash-item:FILE`` in ``$APERTUS_TOKENIZE_FAULT``: the process decoding the media file named FILE
+    (its base name) dies by SIGKILL, as a crashing decoder would (this process only)."""
+    spec = os.environ.get(FAULT_ENV)
+    if spec and f"crash-item:{os.path.basename(name.split(' (', 1)[0])}" in {s.strip() for s in spec.split(",")}:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def fault_point(point: str, n: int) -> None:
@@ -132,6 +153,7 @@ class WorkerContext:
     def __init__(self, work: str) -> None:
         self.layout = Layout(work)
         self.cfg = TokenizeConfig(**storage.read_json(self.layout.config))
+        self.media = self.cfg.media_settings()
         self._ready: float | None = None  # when this process's first encoder was loaded
         self._busy = 0.0  # seconds spent in the encoders since
 
@@ -170,7 +192,7 @@ class WorkerContext:
         t0 = time.perf_counter()
         writer = ItemWriter(self.layout.scan_items(shard))
         try:
-            found = scan_shard(spec, self.cfg.resize_policy, self.cfg.audio_policy, self.cfg.media_root, writer)
+            found = scan_shard(spec, self.media, self.cfg.media_root, writer)
         except BaseException:
             writer.discard()
             raise
@@ -231,22 +253,22 @@ class WorkerContext:
         return data
 
     def load(self, ref: MediaRef, record: tuple[list[dict[str, Any]], str] | None = None) -> np.ndarray:
-        """The preprocessed array of one media item (pixels ``[3, H, W]`` or samples at 24 kHz)."""
-        from apertus_plugins.core.media.audio import AudioError, load_audio, preprocess_audio
-        from apertus_plugins.core.media.image import ImageError, preprocess_image
+        """The preprocessed array of one media item (pixels ``[3, H, W]`` or samples at 24 kHz), through
+        the run's :class:`~.preprocess.MediaSettings`."""
+        from apertus_plugins.core.media.audio import AudioError
+        from apertus_plugins.core.media.image import ImageError
 
         data = read_media(ref, (lambda r: self._inline(r, record)) if record else None)
         if not data:
             raise BadInput(Reasons.EMPTY, f"{ref.name}: the file is empty (zero bytes)")
         if ref.kind == "image":
             try:
-                return preprocess_image(data, self.cfg.resize_policy).pixels
+                return self.media.image(data)
             except (ImageError, OSError) as exc:
                 raise BadInput(Reasons.IMAGE, f"{ref.name}: {_strip_name(exc)}") from exc
         if ref.kind == "audio":
             try:
-                wave, rate = load_audio(data)
-                return preprocess_audio(wave, rate, self.cfg.audio_policy)
+                return self.media.audio(data)
             except (AudioError, OSError) as exc:
                 raise BadInput(Reasons.AUDIO, f"{ref.name}: {_strip_name(exc)}") from exc
         mod = plugin_modality(ref.kind, "load")
@@ -345,30 +367,40 @@ class WorkerContext:
         items, _shape = batch_items(self.layout, ref)
         out = Decoded(ref, items)
         out.read = {"plan": [self.layout.part_batches(ref.part), ref.offset, ref.length], "media": []}
+        self._decode_items(items, out)
+        out.decode_s = time.perf_counter() - t0
+        return out
+
+    def _decode_items(self, items: list[Item], out: Decoded) -> None:
         for it in items:
+            media = None
             try:
                 inline = None
                 if it.kind == "conversation":
                     out.conversations[it.index] = rec = self.conversation(it)
                     inline = (self._normalized(it, rec[0]), rec[3])
                 for k, ref_ in enumerate(it.media):
+                    media = ref_.name
                     if ref_.inline is None:
                         out.read["media"].append([ref_.path, ref_.offset, ref_.size])
+                    _crash_point(ref_.name)
                     arr = self.load(ref_, inline)
                     keys, arrays = out.arrays.setdefault(ref_.kind, ([], []))
                     keys.append((it.index, k))
                     arrays.append(arr)
             except BadInput as exc:
-                out.skips[it.index] = Skip(it.name, exc.reason, exc.detail)
+                out.skips[it.index] = Skip(it.name, exc.reason, exc.detail, "decode")
+            except Exception as exc:  # noqa: BLE001 (one item's failure costs only that item)
+                out.skips[it.index] = unexpected(it.name, "decode", exc, media)
         for kind, (keys, arrays) in list(out.arrays.items()):  # an item skipped after one of its media loaded
             keep = [n for n, key in enumerate(keys) if key[0] not in out.skips]
             out.arrays[kind] = ([keys[n] for n in keep], [arrays[n] for n in keep])
-        out.decode_s = time.perf_counter() - t0
-        return out
 
     def encode(self, arrays: dict[str, tuple[list[Any], list[np.ndarray]]]) -> dict[str, Any]:
         """Codes of every modality's preprocessed arrays, and the encoder's clock.
 
+        ``codes``: per modality, the codes of each array in order (``None`` where the encoder failed);
+        ``failed``: per modality, the failed arrays' positions and the errors (see :meth:`_isolated`);
         ``encode_s``: seconds in the encoders for these arrays (loading an encoder is not counted);
         ``encoder``: this process, with ``busy_s`` (encoder seconds so far) and ``uptime_s`` (seconds
         since its first encoder was loaded): their ratio is the encoder's utilisation.
@@ -381,22 +413,59 @@ class WorkerContext:
         if kinds and self._ready is None:
             self._ready = time.perf_counter()
         t0 = time.perf_counter()
-        codes = {kind: self.encoders.encode(kind, arrays[kind][1]) for kind in kinds}
+        codes: dict[str, list[np.ndarray | None]] = {}
+        failed: dict[str, dict[int, str]] = {}
+        for kind in kinds:
+            codes[kind], bad = self._isolated(kind, arrays[kind][1])
+            if bad:
+                failed[kind] = bad
         encode_s = time.perf_counter() - t0
         self._busy += encode_s
         clock = {"busy_s": round(self._busy, 4),
                  "uptime_s": round(time.perf_counter() - self._ready, 4) if self._ready is not None else 0.0}
-        return {"codes": codes, "encode_s": encode_s, "load_s": load_s, "device": self.encoders.device,
-                "loads": self.encoders.loads, "encoder": {**_worker(), **clock}}
+        return {"codes": codes, "failed": failed, "encode_s": encode_s, "load_s": load_s,
+                "device": self.encoders.device, "loads": self.encoders.loads, "encoder": {**_worker(), **clock}}
+
+    def _isolated(self, kind: str, arrays: list[np.ndarray]) -> tuple[list[np.ndarray | None], dict[int, str]]:
+        """Codes of ``arrays``; when the encoder raises on a group, its halves are encoded apart, down to
+        single arrays: an array the encoder fails on alone is left out (``None``, and its error by
+        position), every other one is encoded. The encoders never pad, so an array's codes do not
+        depend on what it was batched with: the result equals the batched one wherever both exist.
+        """
+        out: list[np.ndarray | None] = [None] * len(arrays)
+        failed: dict[int, str] = {}
+        todo = [list(range(len(arrays)))]
+        while todo:
+            group = todo.pop()
+            try:
+                got = self.encoders.encode(kind, [arrays[i] for i in group])
+            except Exception as exc:  # noqa: BLE001 (found by bisection; one array's failure costs only it)
+                if len(group) == 1:
+                    failed[group[0]] = f"{type(exc).__name__}: {exc}"
+                else:
+                    half = len(group) // 2
+                    todo += [group[half:], group[:half]]  # the first half next: errors in input order
+                continue
+            for i, c in zip(group, got, strict=True):
+                out[i] = c
+        return out, failed
 
     def write(self, dec: Decoded, enc: dict[str, Any]) -> dict[str, Any]:
         """Build the documents, write the batch's shards, commit its record."""
         t0 = time.perf_counter()
         ref, items, skips = dec.ref, dec.items, dict(dec.skips)
+        by_index = {it.index: it for it in items}
         codes: dict[tuple[int, int], np.ndarray] = {}
         for kind, (keys, _arr) in dec.arrays.items():
-            for key, c in zip(keys, enc["codes"].get(kind, []), strict=True):
-                codes[tuple(key)] = c
+            failed = enc.get("failed", {}).get(kind, {})
+            for pos, (key, c) in enumerate(zip(keys, enc["codes"].get(kind, []), strict=True)):
+                i, k = key
+                if pos in failed:
+                    it = by_index[i]
+                    skips.setdefault(i, Skip(it.name, Reasons.ENCODER, f"{it.media[k].name}: the {kind} encoder failed "
+                                             f"on it alone ({failed[pos]}); the rest of its batch is written", "encode"))
+                else:
+                    codes[(i, k)] = c
         docs: list[tuple[int, dict[str, np.ndarray]]] = []
         for it in items:
             if it.index in skips:
@@ -408,9 +477,10 @@ class WorkerContext:
                 else:
                     docs.append((it.index, {"": self.pretrain_document(it, codes[(it.index, 0)])}))
             except BadInput as exc:
-                skips[it.index] = Skip(it.name, exc.reason, exc.detail)
+                skips[it.index] = Skip(it.name, exc.reason, exc.detail, "document")
+            except Exception as exc:  # noqa: BLE001 (one item's failure costs only that item)
+                skips[it.index] = unexpected(it.name, "document", exc)
         tokens = self._write(ref, docs)
-        by_index = {it.index: it for it in items}
         kinds = sorted({m.kind for it in items for m in it.media})
         write_s = time.perf_counter() - t0
         record = {
@@ -443,6 +513,53 @@ class WorkerContext:
         enc = self.encode(dec.arrays) if dec.arrays else {}
         return self.write(dec, enc)
 
+    def run_careful(self, ref: BatchRef) -> dict[str, Any]:
+        """Run a batch whose worker process died: item by item, each item's index recorded before it is
+        decoded and encoded (``WORK/crashes/...``), so an item its worker dies on :data:`CRASHES` times
+        (a decoder's crash, the kernel's out-of-memory kill) is found and skipped and the rest of the
+        batch is written, with the bytes a plain run gives (the encoders never pad)."""
+        done = self.done(ref)
+        if done is not None:
+            return done
+        where = self.layout.crashes(ref.part, ref.id)
+        state = storage.read_json(where) if storage.isfile(where) else {"current": None, "crashes": {}}
+        if state["current"] is not None:  # the previous careful attempt's worker died on this item
+            key = str(state["current"])
+            state["crashes"][key] = state["crashes"].get(key, 0) + 1
+            state["current"] = None
+        t0 = time.perf_counter()
+        items, _shape = batch_items(self.layout, ref)
+        dec = Decoded(ref, items)
+        dec.read = {"plan": [self.layout.part_batches(ref.part), ref.offset, ref.length], "media": []}
+        enc: dict[str, Any] = {"codes": {}, "failed": {}, "encode_s": 0.0}
+        for it in items:
+            died = state["crashes"].get(str(it.index), 0)
+            if died >= CRASHES:
+                dec.skips[it.index] = Skip(it.name, Reasons.CRASH, f"{it.name}: its worker process died {died} times "
+                                           "while it was decoded or encoded (a crash in a decoder or the encoder, or "
+                                           "out of memory); the rest of its batch is written", "decode")
+                continue
+            state["current"] = it.index
+            storage.write_json(where, state)
+            one = Decoded(ref, [it], read=dec.read)
+            self._decode_items([it], one)
+            dec.skips.update(one.skips)
+            dec.conversations.update(one.conversations)
+            got = self.encode(one.arrays) if one.arrays else {}
+            for kind, (keys, _arrays) in one.arrays.items():
+                dec.arrays.setdefault(kind, ([], []))[0].extend(keys)
+                codes = enc["codes"].setdefault(kind, [])
+                for pos, msg in got.get("failed", {}).get(kind, {}).items():
+                    enc["failed"].setdefault(kind, {})[len(codes) + pos] = msg
+                codes.extend(got["codes"].get(kind, []))
+            if got:
+                enc.update({k: v for k, v in got.items() if k not in ("codes", "failed", "encode_s")})
+                enc["encode_s"] += got["encode_s"]
+        state["current"] = None
+        storage.write_json(where, state)
+        dec.decode_s = time.perf_counter() - t0 - enc["encode_s"]
+        return self.write(dec, enc)
+
     def _write(self, ref: BatchRef, docs: list[tuple[int, dict[str, np.ndarray]]]) -> dict[str, dict[str, int]]:
         """Write the batch's shard of every stream atomically; token counts per stream and modality.
 
@@ -452,7 +569,7 @@ class WorkerContext:
         """
         import tempfile
 
-        from apertus_plugins.data.indexed import IndexedDatasetWriter
+        from ..indexed import IndexedDatasetWriter
 
         names = self.spec.modality_names
         tokens: dict[str, dict[str, int]] = {}
@@ -501,8 +618,9 @@ class WorkerContext:
         import tempfile
 
         from apertus_plugins.core.media.image import dataset_image_layouts
-        from apertus_plugins.data.indexed import IndexedDataset
-        from apertus_plugins.data.manifest import describe_dataset
+
+        from ..indexed import IndexedDataset
+        from ..manifest import describe_dataset
 
         t0 = time.perf_counter()
         cfg = self.cfg
@@ -629,6 +747,11 @@ def plan_part(work: str, part: int, shards: list[list[int]], window: list[int] |
 def run_batch(work: str, ref: BatchRef) -> dict[str, Any]:
     """Run one batch of the plan in ``work`` (idempotent); returns its record."""
     return context(work).run(ref)
+
+
+def run_batch_careful(work: str, ref: BatchRef) -> dict[str, Any]:
+    """Run one batch whose worker process died, item by item (:meth:`WorkerContext.run_careful`)."""
+    return context(work).run_careful(ref)
 
 
 def decode_batch(work: str, ref: BatchRef) -> tuple[dict[str, Any], Decoded | dict[str, Any]]:
