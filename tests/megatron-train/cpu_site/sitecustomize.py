@@ -4,7 +4,8 @@ Test code. A torchrun worker (``LOCAL_RANK`` set) with ``APERTUS_MEGATRON_CPU=1`
 patches before anything else runs; the torchrun parent and other processes are left alone
 (``APERTUS_MEGATRON_CPU_ALL=1`` patches a plain process too). An error installing them ends the
 worker with the harness's message. ``APERTUS_TEST_KILL_AFTER_CHECKPOINT=N`` kills the worker
-right after it saved iteration N (the resume test's preemption).
+right after it saved iteration N (the resume test's preemption); ``APERTUS_TEST_EXACT_GRAD_NORM=1`` prints each
+step's gradient norm to full precision.
 """
 
 import os
@@ -18,4 +19,6 @@ if os.environ.get("APERTUS_MEGATRON_CPU") == "1" and ("LOCAL_RANK" in os.environ
     cpu_patches.install()
     if os.environ.get("APERTUS_TEST_KILL_AFTER_CHECKPOINT"):
         cpu_patches.kill_after_checkpoint(int(os.environ["APERTUS_TEST_KILL_AFTER_CHECKPOINT"]))
+    if os.environ.get("APERTUS_TEST_EXACT_GRAD_NORM") == "1":
+        cpu_patches.print_exact_grad_norm()
     del sys.path[0]
