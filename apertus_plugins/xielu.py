@@ -13,8 +13,8 @@ This module holds the math as plain torch functions; framework adapters wrap it 
 module classes (a per-layer module whose ``alpha_p``/``alpha_n`` are trained and weight-decayed).
 torch is imported at module import: import this module only where a network runs.
 
-:func:`xielu` is the formula as a composition of torch operations (autograd keeps about ten
-intermediate tensors of the input's size for the backward pass). :func:`xielu_fused` computes the
+:func:`xielu` is the formula as a composition of torch operations (autograd keeps intermediates
+of about four times the input's size for the backward pass, boolean masks included). :func:`xielu_fused` computes the
 same values with one autograd function that saves only its input and recomputes the rest in the
 backward pass, in cache-sized blocks; its values and gradients are bit-identical to
 :func:`xielu`'s (the same operations in the same order, the gradients accumulated as autograd
@@ -23,6 +23,7 @@ accumulates them), so a model trains the same with either, in float32 as in bflo
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -68,45 +69,80 @@ def xielu(x: torch.Tensor, alpha_p: torch.Tensor, alpha_n: torch.Tensor,
 #: Elements per block of :class:`XIELUFunction` (a few hundred KiB per temporary: cache-resident).
 BLOCK = 1 << 16
 
+_HOST_BUFFERS = threading.local()
+
+
+def _products(x: torch.Tensor) -> torch.Tensor:
+    """A ``[2, *x.shape]`` buffer for the alpha gradients' products (consumed before the backward returns).
+
+    On the host it is kept per thread and reused: the C allocator hands large blocks back to the
+    system when freed, and faulting a fresh activation-sized buffer in costs more than the products
+    themselves. Device memory comes from torch's caching allocator and is allocated each time.
+    """
+    if x.device.type != "cpu":
+        return torch.empty((2, *x.shape), dtype=x.dtype, device=x.device)
+    held = getattr(_HOST_BUFFERS, "buffer", None)
+    if held is None or held.dtype != x.dtype or held.numel() < 2 * x.numel():
+        held = torch.empty(2 * x.numel(), dtype=x.dtype)
+        _HOST_BUFFERS.buffer = held
+    return held[: 2 * x.numel()].view(2, *x.shape)
+
 
 def _forward_block(x: torch.Tensor, a_p: torch.Tensor, a_n: torch.Tensor, beta: torch.Tensor,
-                   eps: torch.Tensor, out: torch.Tensor) -> None:
-    """:func:`xielu`'s operations on one block (the same order, so the same rounding), into ``out``."""
-    beta_x = beta * x
-    positive = a_p * x
-    positive.mul_(x).add_(beta_x)
-    negative = torch.minimum(x, eps)
+                   eps: torch.Tensor, out: torch.Tensor, scratch: list[torch.Tensor]) -> None:
+    """:func:`xielu`'s operations on one block (the same order, so the same rounding), into ``out``.
+
+    ``where(x > 0, positive, negative)`` becomes ``lerp(negative, positive, m)`` with the 0/1 mask
+    ``m`` in ``x``'s dtype: ATen's ``lerp`` returns ``start`` for weight 0 and ``end`` for weight 1
+    exactly, and runs at the speed of arithmetic (``where`` on boolean masks is an order of
+    magnitude slower on CPU). ``scratch`` holds three block-sized buffers.
+    """
+    mask, beta_x, negative = scratch
+    torch.gt(x, 0, out=mask)
+    torch.mul(x, beta, out=beta_x)
+    torch.mul(x, a_p, out=out)
+    out.mul_(x).add_(beta_x)  # positive = a_p * x * x + beta_x
+    torch.minimum(x, eps, out=negative)
     negative.expm1_().sub_(x).mul_(a_n).add_(beta_x)
-    torch.where(x > 0, positive, negative, out=out)
+    torch.lerp(negative, out, mask, out=out)
 
 
 def _backward_block(g: torch.Tensor, x: torch.Tensor, a_p: torch.Tensor, a_n: torch.Tensor, beta: torch.Tensor,
-                    eps: torch.Tensor, dx: torch.Tensor, prod_p: torch.Tensor, prod_n: torch.Tensor) -> None:
+                    eps: torch.Tensor, dx: torch.Tensor, prod_p: torch.Tensor, prod_n: torch.Tensor,
+                    scratch: list[torch.Tensor], zero: torch.Tensor) -> None:
     """The gradient of :func:`xielu` on one block, as autograd computes it through that composition.
 
-    Per element, autograd sends ``g`` through ``where`` (``g_pos``/``g_neg``, zeros elsewhere) and
-    accumulates the five uses of ``x`` in the order its engine runs them: ``e - x``, ``minimum``,
-    ``t1 * x``, ``a_p * x``, ``beta * x``. ``prod_p``/``prod_n`` receive the products whose sums are
-    the gradients of ``a_p``/``a_n`` (summed once over the whole tensor, as autograd sums them).
+    Autograd sends ``g`` through ``where`` (``g`` to one branch, zero to the other) and accumulates
+    the five uses of ``x`` in the order its engine runs them: ``e - x``, ``minimum``, ``t1 * x``,
+    ``a_p * x``, ``beta * x`` (whose gradient ``g_pos + g_neg`` is ``g``). Where ``x > 0`` the
+    negative branch's terms are zeros, so the sum is ``((g * t1) + ((g * x) * a_p)) + g * beta``;
+    elsewhere it is ``(g_m * f - g * a_n) + g * beta`` with ``g_m = (g * a_n) * (e + 1)`` (expm1's
+    gradient) and ``f`` minimum's: 1 below ``eps``, 0.5 on a tie, 0 above. Both are computed and
+    blended with the exact ``lerp`` on the 0/1 mask. ``prod_p``/``prod_n`` receive the products
+    whose sums are the gradients of ``a_p``/``a_n`` (``(g * x) * x`` and ``g * (e - x)`` on their
+    branch, zero on the other), summed once over the whole tensor as autograd sums them. Zeros
+    may differ in sign from autograd's; values do not. ``scratch`` holds six block-sized buffers.
     """
-    positive = x > 0
-    zero = torch.zeros((), dtype=g.dtype, device=g.device)
-    g_pos = torch.where(positive, g, zero)
-    g_neg = torch.where(positive, zero, g)
-    m = torch.minimum(x, eps)
-    e = torch.expm1(m)
-    # a_n: grad of (e - x) * a_n
-    torch.mul(g_neg, e - x, out=prod_n)
-    g_v = g_neg * a_n
-    # minimum's gradient: g_m where x < eps, half of it on a tie, 0 where x > eps
-    g_m = g_v * (e + 1)
-    c2 = torch.where(x == eps, g_m / 2, g_m).masked_fill_(x > eps, 0)
-    t1 = a_p * x
-    g_t1 = g_pos * x
-    torch.mul(g_t1, x, out=prod_p)
-    g_bx = g_neg + g_pos
-    torch.neg(g_v, out=dx)
-    dx.add_(c2).add_(g_pos * t1).add_(g_t1 * a_p).add_(g_bx * beta)
+    mask, pos, neg, e, gb, f = scratch
+    torch.gt(x, 0, out=mask)
+    # positive branch: ((g * t1) + ((g * x) * a_p)) + g * beta
+    torch.mul(g, x, out=neg)
+    torch.mul(neg, x, out=prod_p)
+    prod_p.mul_(mask)
+    torch.mul(x, a_p, out=pos)
+    pos.mul_(g).add_(neg.mul_(a_p)).add_(torch.mul(g, beta, out=gb))
+    # negative branch: (g_m * f - g * a_n) + g * beta
+    torch.minimum(x, eps, out=e)
+    e.expm1_()
+    torch.sub(e, x, out=prod_n)
+    prod_n.mul_(g)
+    torch.lerp(prod_n, zero, mask, out=prod_n)  # zero where x > 0
+    torch.mul(g, a_n, out=neg)
+    e.add_(1).mul_(neg)  # g_m
+    torch.lt(x, eps, out=f)
+    f.add_(torch.eq(x, eps, out=dx), alpha=0.5)  # dx as scratch until the blend
+    e.mul_(f).sub_(neg).add_(gb)
+    torch.lerp(e, pos, mask, out=dx)
 
 
 class XIELUFunction(torch.autograd.Function):
@@ -122,9 +158,12 @@ class XIELUFunction(torch.autograd.Function):
         xc = x.contiguous()
         out = torch.empty_like(xc)
         flat_x, flat_o = xc.view(-1), out.view(-1)
+        size = min(BLOCK, flat_x.numel())
+        scratch = [torch.empty(size, dtype=x.dtype, device=x.device) for _ in range(3)]
         for start in range(0, flat_x.numel(), BLOCK):
-            stop = start + BLOCK
-            _forward_block(flat_x[start:stop], a_p, a_n, beta, eps, flat_o[start:stop])
+            stop = min(start + BLOCK, flat_x.numel())
+            _forward_block(flat_x[start:stop], a_p, a_n, beta, eps, flat_o[start:stop],
+                           [t[: stop - start] for t in scratch])
         ctx.save_for_backward(xc, a_p, a_n, beta, eps)
         return out
 
@@ -133,19 +172,21 @@ class XIELUFunction(torch.autograd.Function):
         x, a_p, a_n, beta, eps = ctx.saved_tensors
         g = grad.contiguous()
         dx = torch.empty_like(x)
-        prod_p = torch.empty_like(x) if ctx.needs_input_grad[1] else None
-        prod_n = torch.empty_like(x) if ctx.needs_input_grad[2] else None
+        prod_p, prod_n = _products(x) if ctx.needs_input_grad[1] or ctx.needs_input_grad[2] else (None, None)
         flat = [t.view(-1) for t in (g, x, dx)]
-        sp = prod_p.view(-1) if prod_p is not None else torch.empty(min(BLOCK, x.numel()), dtype=x.dtype,
-                                                                    device=x.device)
+        size = min(BLOCK, x.numel())
+        scratch = [torch.empty(size, dtype=x.dtype, device=x.device) for _ in range(6)]
+        zero = torch.zeros((), dtype=x.dtype, device=x.device)
+        sp = prod_p.view(-1) if prod_p is not None else torch.empty(size, dtype=x.dtype, device=x.device)
         sn = prod_n.view(-1) if prod_n is not None else torch.empty_like(sp)
         for start in range(0, x.numel(), BLOCK):
             stop = min(start + BLOCK, x.numel())
             pp = sp[start:stop] if prod_p is not None else sp[: stop - start]
             pn = sn[start:stop] if prod_n is not None else sn[: stop - start]
-            _backward_block(flat[0][start:stop], flat[1][start:stop], a_p, a_n, beta, eps, flat[2][start:stop], pp, pn)
-        grad_p = prod_p.sum_to_size(a_p.shape) if prod_p is not None else None
-        grad_n = prod_n.sum_to_size(a_n.shape) if prod_n is not None else None
+            _backward_block(flat[0][start:stop], flat[1][start:stop], a_p, a_n, beta, eps, flat[2][start:stop], pp, pn,
+                            [t[: stop - start] for t in scratch], zero)
+        grad_p = prod_p.sum_to_size(a_p.shape) if ctx.needs_input_grad[1] else None
+        grad_n = prod_n.sum_to_size(a_n.shape) if ctx.needs_input_grad[2] else None
         return dx, grad_p, grad_n, None, None
 
 

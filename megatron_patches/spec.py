@@ -57,7 +57,7 @@ class XIELU(MegatronModule):
         self.register_buffer("eps", torch.tensor(_xielu.EPS, dtype=dtype, device=device), persistent=False)
 
     #: Run :func:`apertus_plugins.xielu.xielu_fused` (True) or the composed :func:`~apertus_plugins.xielu.xielu`
-    #: (same values and gradients, about ten activation-sized tensors kept for the backward pass).
+    #: (same values and gradients, about four times the activation's size kept for the backward pass).
     fused = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

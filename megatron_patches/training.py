@@ -751,11 +751,14 @@ def _preflight_checks(args: Any, options: ApertusOptions) -> int:
     problems = cross_document_problems(args, options)
     if problems:
         raise PreflightError("documents would attend to each other:\n  " + "\n  ".join(problems))
-    load = getattr(args, "load", None) or getattr(args, "pretrained_checkpoint", None)
-    if load and not options.allow_rope_change:
+    if not options.allow_rope_change:
         from .checkpoint import read_checkpoint_args, rope_differences
 
-        saved = read_checkpoint_args(load)
+        # what Megatron loads: --load's checkpoint, else --pretrained-checkpoint's (a new stage's start)
+        saved, load = None, None
+        for candidate in (getattr(args, "load", None), getattr(args, "pretrained_checkpoint", None)):
+            if candidate and saved is None:
+                saved, load = read_checkpoint_args(candidate), candidate
         changed = rope_differences(saved, args) if saved is not None else []
         if changed:
             raise PreflightError(f"{load}: the RoPE settings differ from the checkpoint's ({'; '.join(changed)}); "

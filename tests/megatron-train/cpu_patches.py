@@ -51,7 +51,7 @@ from typing import Any
 import torch
 
 __all__ = ["PINNED", "CpuPatchError", "install", "installed", "megatron_version", "kill_after_checkpoint",
-           "print_exact_grad_norm"]
+           "print_exact_grad_norm", "use_composed_xielu", "print_step_cpu_time"]
 
 #: megatron-core (major, minor) -> what is patched for it. 0.16 has no ``megatron.training``.
 PINNED = {(0, 19): "model, optimizer, DDP and megatron.training.pretrain", (0, 16): "model, optimizer and DDP"}
@@ -351,3 +351,38 @@ def print_exact_grad_norm() -> None:
         return original(*args, **kwargs)
 
     mod.training_log = training_log
+
+
+def use_composed_xielu() -> None:
+    """Run the Apertus MLP with the composed xIELU formula instead of the fused function (the benchmark's "before")."""
+    from megatron_patches.spec import XIELU
+
+    XIELU.fused = False
+
+
+def print_step_cpu_time() -> None:
+    """Print each training step's CPU time (``time.process_time``, this rank's process) beside Megatron's wall time.
+
+    On a machine shared with other jobs the wall time per iteration swings with their load; the
+    CPU time a step takes does much less (the runs are single-threaded). The last rank prints
+    ``[cpu_patches] iteration N cpu ms X``.
+    """
+    import time
+
+    import torch.distributed as dist
+
+    t = _Targets(megatron_version()[0])
+    mod, original = t.get("megatron.training.training", "train_step")
+    t.check()
+    count = [0]
+
+    @functools.wraps(original)
+    def train_step(*args: Any, **kwargs: Any) -> Any:
+        start = time.process_time()
+        out = original(*args, **kwargs)
+        count[0] += 1
+        if not dist.is_initialized() or dist.get_rank() == dist.get_world_size() - 1:
+            print(f"[cpu_patches] iteration {count[0]} cpu ms {1000 * (time.process_time() - start):.3f}", flush=True)
+        return out
+
+    mod.train_step = train_step

@@ -97,3 +97,23 @@ def test_cp2_tp2_equals_cp1(data: Data, pretrain_cp1: Run, tmp_path: Path) -> No
     four = run(pretrain_flags(data), tmp_path, cp=2, tp=2)
     assert "initialized tensor model parallel with size 2" in four.log
     assert_same(pretrain_cp1, four, rel=1e-5)  # TP splits the matrix products: float32 rounding differs
+
+
+def test_long_context_step_starts_from_the_previous_checkpoint(data: Data, tmp_path: Path) -> None:
+    """A long-context step as the recipes run it: the previous stage's checkpoint as ``--pretrained-checkpoint``
+    (Megatron loads it with a fresh optimizer at iteration 0 while ``--load`` holds none), a new RoPE base, CP=2."""
+    prev = tmp_path / "stage"
+    first = torchrun([*pretrain_flags(data), "--train-iters", "2", "--save", str(prev), "--save-interval", "2",
+                      "--ckpt-format", "torch_dist"], cwd=tmp_path)
+    assert max(first.losses()) == 2
+    step = tmp_path / "long"
+    flags = [*pretrain_flags(data), "--pretrained-checkpoint", str(prev), "--load", str(step), "--save", str(step),
+             "--save-interval", "100", "--ckpt-format", "torch_dist", "--rotary-base", "2000000",
+             "--context-parallel-size", "2", "--apertus-targets", "text-only"]
+    refused = torchrun(flags, nproc=2, cwd=tmp_path, check=False)
+    assert refused.returncode != 0 and f"{prev}: the RoPE settings differ from the checkpoint's (rotary_base" in \
+        refused.log, refused.log[-3000:]
+    started = torchrun([*flags, "--apertus-allow-rope-change"], nproc=2, cwd=tmp_path)
+    assert "attempting to finetune with checkpoint in" in started.log
+    assert sorted(started.losses()) == list(range(1, ITERS + 1))  # iteration 0: a new stage, not a resume
+    assert not any("audio loss" in r for r in started.rows)  # text-only targets (the image weight is scheduled)

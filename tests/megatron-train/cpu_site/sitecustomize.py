@@ -5,7 +5,8 @@ patches before anything else runs; the torchrun parent and other processes are l
 (``APERTUS_MEGATRON_CPU_ALL=1`` patches a plain process too). An error installing them ends the
 worker with the harness's message. ``APERTUS_TEST_KILL_AFTER_CHECKPOINT=N`` kills the worker
 right after it saved iteration N (the resume test's preemption); ``APERTUS_TEST_EXACT_GRAD_NORM=1`` prints each
-step's gradient norm to full precision.
+step's gradient norm to full precision; ``APERTUS_TEST_XIELU=composed`` runs the composed xIELU formula (the
+training benchmark's "before"); ``APERTUS_TEST_STEP_CPU_TIME=1`` prints each step's CPU time.
 """
 
 import os
@@ -21,4 +22,8 @@ if os.environ.get("APERTUS_MEGATRON_CPU") == "1" and ("LOCAL_RANK" in os.environ
         cpu_patches.kill_after_checkpoint(int(os.environ["APERTUS_TEST_KILL_AFTER_CHECKPOINT"]))
     if os.environ.get("APERTUS_TEST_EXACT_GRAD_NORM") == "1":
         cpu_patches.print_exact_grad_norm()
+    if os.environ.get("APERTUS_TEST_XIELU") == "composed":
+        cpu_patches.use_composed_xielu()
+    if os.environ.get("APERTUS_TEST_STEP_CPU_TIME") == "1":
+        cpu_patches.print_step_cpu_time()
     del sys.path[0]
