@@ -70,7 +70,8 @@ def packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     k_doc = np.searchsorted(cu_seqlens, k_positions, side="right") - 1
     allowed = (q_doc[:, None] == k_doc[None, :]) & (k_positions[None, :] <= q_positions[:, None])
     mask = torch.from_numpy(~allowed).to(query.device)
-    scores = torch.einsum("qhd,khd->hqk", query.float(), key.float()) * scale
+    work = torch.promote_types(query.dtype, torch.float32)  # softmax in float32 at least, as TE's kernels do
+    scores = torch.einsum("qhd,khd->hqk", query.to(work), key.to(work)) * scale
     scores = scores.masked_fill(mask.unsqueeze(0), float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(value.dtype)
     out = torch.einsum("hqk,khd->qhd", probs, value)
