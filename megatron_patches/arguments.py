@@ -36,9 +36,10 @@ def add_apertus_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     g = parser.add_argument_group(GROUP_TITLE, "Apertus 1.5 (apertus-plugins): vocabulary, loss targets, "
                                   "SFT data, optimizer")
     g.add_argument("--apertus-recipe", default=None, metavar="NAME",
-                   help="a training stage's flags (SPEC.md 6: cpt-8b, cpt-70b, long-context-8b-32k ..., sft-8b, sft-70b, "
-                   "goldfish) or a flag file, put before the command line's by apertus-megatron; an explicit flag "
-                   "replaces the recipe's (`apertus-megatron --recipes` lists them)")
+                   help="a training stage's flags (the report's: cpt-8b, cpt-70b, long-context-8b-32k ..., sft-8b, "
+                   "sft-70b, long-context-sft-8b, long-context-sft-70b, goldfish) or a flag file, put before the "
+                   "command line's by apertus-megatron; an explicit flag replaces the recipe's (`apertus-megatron "
+                   "--recipes` lists them)")
     g.add_argument("--apertus-tokenizer", default=None, metavar="DIR",
                    help="tokenizer directory whose id layout (VocabSpec) the loss targets use; default: "
                    "--tokenizer-model when it is a directory with tokenizer.json, else the released layout")
