@@ -3,8 +3,9 @@
 The recipes are expanded by the launcher before the script parses its arguments, so these run
 without Megatron-LM; the megatron-train suite runs one through Megatron for real.
 
-:data:`REPORT` is written from the Apertus 1.5 technical report (``/work/shared/seed``), section by
-section, independently of ``megatron_patches.recipes``; :func:`expected_flags` turns it into the
+:data:`REPORT` is written from the Apertus 1.5 technical report ("From Open Text Models to Open
+Multimodal Reasoners"), section by section, independently of ``megatron_patches.recipes``;
+:func:`expected_flags` turns it into the
 flags each recipe must hold, and :func:`test_every_recipe_value_is_the_reports` compares them flag
 for flag, both ways: a changed number, a dropped flag or a flag the table does not explain fails.
 Where the report gives no number for something a run needs, the table says where the value comes
