@@ -14,11 +14,13 @@ module classes (a per-layer module whose ``alpha_p``/``alpha_n`` are trained and
 torch is imported at module import: import this module only where a network runs.
 
 :func:`xielu` is the formula as a composition of torch operations (autograd keeps intermediates
-of about four times the input's size for the backward pass, boolean masks included). :func:`xielu_fused` computes the
-same values with one autograd function that saves only its input and recomputes the rest in the
-backward pass, in cache-sized blocks; its values and gradients are bit-identical to
+of about four times the input's size for the backward pass, boolean masks included).
+:func:`xielu_fused` computes the same values with one autograd function that saves only its input
+and recomputes the rest in the backward pass, in cache-sized blocks; its values and gradients are bit-identical to
 :func:`xielu`'s (the same operations in the same order, the gradients accumulated as autograd
-accumulates them), so a model trains the same with either, in float32 as in bfloat16.
+accumulates them; zeros may differ in sign), so a model trains the same with either, in float32 as
+in bfloat16. The branches are blended arithmetically, which needs both to be finite: an input whose
+square overflows (``|x|`` above about 1e19) gives NaN where the formula gives one branch's value.
 """
 
 from __future__ import annotations
