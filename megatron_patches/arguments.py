@@ -36,9 +36,10 @@ def add_apertus_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     g = parser.add_argument_group(GROUP_TITLE, "Apertus 1.5 (apertus-plugins): vocabulary, loss targets, "
                                   "SFT data, optimizer")
     g.add_argument("--apertus-recipe", default=None, metavar="NAME",
-                   help="a training stage's flags (SPEC.md 6: cpt-8b, cpt-70b, long-context-8b-32k ..., sft-8b, sft-70b, "
-                   "goldfish) or a flag file, put before the command line's by apertus-megatron; an explicit flag "
-                   "replaces the recipe's (`apertus-megatron --recipes` lists them)")
+                   help="a training stage's flags (the report's: cpt-8b, cpt-70b, long-context-8b-32k ..., sft-8b, "
+                   "sft-70b, long-context-sft-8b, long-context-sft-70b, goldfish) or a flag file, put before the "
+                   "command line's by apertus-megatron; an explicit flag replaces the recipe's (`apertus-megatron "
+                   "--recipes` lists them)")
     g.add_argument("--apertus-tokenizer", default=None, metavar="DIR",
                    help="tokenizer directory whose id layout (VocabSpec) the loss targets use; default: "
                    "--tokenizer-model when it is a directory with tokenizer.json, else the released layout")
@@ -80,8 +81,14 @@ def add_apertus_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                    "into samples with cross-document masking, as long-context stages pack (SPEC.md 4.1), instead of "
                    "being concatenated and cut; a document longer than a sample is split into pieces")
     g.add_argument("--apertus-packed-sequences", action="store_true",
-                   help="deliver cu_seqlens for packed-sequence (THD) attention instead of relying on the "
-                   "attention mask for cross-document masking (needs Transformer Engine, micro batch 1)")
+                   help="deliver cu_seqlens for packed-sequence (THD) attention instead of an [S, S] attention "
+                   "mask for cross-document masking (needs Transformer Engine, micro batch 1; required with "
+                   "--context-parallel-size > 1, each sample split over the ranks as Transformer Engine expects)")
+    g.add_argument("--apertus-pad-to-multiple", type=int, default=None, metavar="M",
+                   help="with --apertus-packed-sequences: pad every packed document to a multiple of M tokens "
+                   "(default 2 x --context-parallel-size when it is > 1, else 1; with context parallelism a "
+                   "multiple of 2 x CP). The packing depends on M: runs that should see the same samples at "
+                   "different CP sizes pass the same M")
     g.add_argument("--apertus-manifest", default=None, metavar="FILE",
                    help="the stage's dataset manifest: every prefix of the blend must be listed and unchanged")
     g.add_argument("--apertus-manifest-checksums", action="store_true",
@@ -159,6 +166,7 @@ class ApertusOptions:
     allow_rope_change: bool = False
     empty_steps: str = "skip"
     bfd_prefixes: tuple[str, ...] = ()
+    pad_multiple: int = 1
 
 
 def _spec_from_args(args: argparse.Namespace) -> VocabSpec:
@@ -224,6 +232,7 @@ def _options_from_args(args: argparse.Namespace) -> ApertusOptions:
                          "pretraining documents or conversations")
     if args.apertus_embedding_rows is not None:
         spec.check_embedding(args.apertus_embedding_rows, "embedding (--apertus-embedding-rows)")
+    pad_multiple = _pad_multiple(args)
     return ApertusOptions(
         spec=spec,
         targets=targets,
@@ -245,7 +254,26 @@ def _options_from_args(args: argparse.Namespace) -> ApertusOptions:
         allow_rope_change=bool(args.apertus_allow_rope_change),
         empty_steps=getattr(args, "apertus_empty_steps", "skip"),
         bfd_prefixes=tuple(os.path.normpath(p) for p in getattr(args, "apertus_bfd_data", [])),
+        pad_multiple=pad_multiple,
     )
+
+
+def _pad_multiple(args: argparse.Namespace) -> int:
+    """The padding multiple of packed documents: ``--apertus-pad-to-multiple`` or ``2 x CP`` (1 without CP)."""
+    cp = int(getattr(args, "context_parallel_size", 1) or 1)
+    packed = bool(args.apertus_packed_sequences)
+    given = getattr(args, "apertus_pad_to_multiple", None)
+    if given is None:
+        return 2 * cp if packed and cp > 1 else 1
+    if not packed:
+        raise ValueError(f"--apertus-pad-to-multiple {given}: only packed sequences are padded; pass "
+                         "--apertus-packed-sequences")
+    if given < 1:
+        raise ValueError(f"--apertus-pad-to-multiple must be >= 1, got {given}")
+    if cp > 1 and given % (2 * cp):
+        raise ValueError(f"--apertus-pad-to-multiple {given}: with --context-parallel-size {cp} every packed document "
+                         f"is split into 2 x {cp} chunks, so the multiple must be a multiple of {2 * cp}")
+    return int(given)
 
 
 def describe_options(options: ApertusOptions) -> str:
@@ -263,4 +291,7 @@ def describe_options(options: ApertusOptions) -> str:
         parts.append(f"SFT prefixes {list(options.sft_prefixes)} (mask {options.sft_mask})")
     if options.bfd_prefixes:
         parts.append(f"best-fit-decreasing pretraining prefixes {list(options.bfd_prefixes)}")
+    if options.packed_sequences:
+        parts.append("packed sequences (THD cu_seqlens)" + (
+            f", documents padded to multiples of {options.pad_multiple}" if options.pad_multiple > 1 else ""))
     return "apertus: " + "; ".join(parts)

@@ -18,9 +18,18 @@ Every sample has the same keys, so blends of both kinds batch together: ``tokens
 ``loss_mask`` (float32, 1 where the label is a target: the step-independent part of the loss
 weight), ``modality`` (int64 modality index of each label, ``VocabSpec.modality_names`` order),
 ``position_ids``; ``attention_mask`` (``[1, S, S]`` bool, True = masked, documents kept apart)
-when the config creates attention masks; ``cu_seqlens`` and ``max_seqlen`` with
-``--apertus-packed-sequences``. Upstream's ``get_batch`` drops ``modality``: use
-:func:`megatron_patches.training.get_batch`.
+when the config creates attention masks and sequences are not packed; ``cu_seqlens`` and
+``max_seqlen`` with ``--apertus-packed-sequences`` (then no ``[S, S]`` mask is built: a sample's
+memory is linear in its length, 262,144 tokens included). Upstream's ``get_batch`` drops
+``modality``: use :func:`megatron_patches.training.get_batch`.
+
+With a padding multiple ``M > 1`` (``--apertus-pad-to-multiple``, by default ``2 x CP`` under
+context parallelism) every packed document occupies a multiple of ``M`` positions: its tokens, then
+``<pad>`` inputs whose labels are never targets and whose positions continue the document's, the
+padding counted in the document's ``cu_seqlens`` segment (the convention of megatron-core's own
+SFT dataset), so that Transformer Engine can cut each document into ``2 x CP`` equal chunks. The
+bins are packed on the padded lengths into ``seq_length`` positions, so the samples depend on
+``M``, not on the CP size itself.
 """
 
 from __future__ import annotations
@@ -42,7 +51,12 @@ from megatron.core.datasets.megatron_dataset import MegatronDataset  # noqa: E40
 from megatron.core.datasets.utils import Split  # noqa: E402
 
 from apertus_plugins.core.goldfish import goldfish_drop  # noqa: E402
-from apertus_plugins.core.packing import best_fit_decreasing, packed_layout, packed_layout_from_eod  # noqa: E402
+from apertus_plugins.core.packing import (  # noqa: E402
+    best_fit_decreasing,
+    packed_layout,
+    packed_layout_from_eod,
+    pad_to_multiple,
+)
 from apertus_plugins.core.targets import TargetConfig, pretraining_targets, sft_mask, sft_mask_from_stored  # noqa: E402
 
 from .arguments import ApertusOptions  # noqa: E402
@@ -110,7 +124,16 @@ class ApertusDataset(GPTDataset):
         self.spec = opts.spec
         # the step-independent part of the targets; the modality weights are applied in the loss
         self.keep_config: TargetConfig = replace(opts.targets, modality_weights={})
+        self.pad_multiple = int(opts.pad_multiple) if opts.packed_sequences else 1
+        if self.pad_multiple > 1 and config.sequence_length % self.pad_multiple:
+            raise SftPackingError(f"{dataset_path}: --seq-length {config.sequence_length} is not a multiple of the "
+                                  f"padding multiple {self.pad_multiple} of packed documents")
         if not self.is_packed:
+            if self.pad_multiple > 1:
+                raise SftPackingError(
+                    f"{dataset_path}: packed documents are padded to multiples of {self.pad_multiple} (context "
+                    "parallelism), which only packed prefixes allow: name it in --apertus-bfd-data (pretraining "
+                    "documents) or --apertus-sft-data (conversations)")
             super().__init__(indexed_dataset, dataset_path, indexed_indices, num_samples, index_split, config)
             return
         MegatronDataset.__init__(self, indexed_dataset, dataset_path, indexed_indices, num_samples, index_split,
@@ -122,7 +145,10 @@ class ApertusDataset(GPTDataset):
 
     # ------------------------------------------------------------------ SFT packing
     def _build_sft_index(self) -> None:
-        capacity = self.config.sequence_length + 1
+        # without padding a bin holds S + 1 tokens (the last one only a label); with padding multiple M > 1
+        # a piece of n tokens takes pad(n) of the S input positions
+        padded = self.pad_multiple > 1
+        capacity = self.config.sequence_length + (0 if padded else 1)
         lengths = self.dataset.sequence_lengths[self.indices].astype(np.int64)
         what = "conversation" if self.is_sft else "document"
         if lengths.size == 0:
@@ -133,15 +159,18 @@ class ApertusDataset(GPTDataset):
         oversize = self.config.apertus.sft_oversize if self.is_sft else "split"
         if oversize == "error" and lengths.max() > capacity:
             k = int(np.argmax(lengths > capacity))
+            holds = f"--seq-length {self.config.sequence_length}" + ("" if padded else " + 1")
             raise SftPackingError(
                 f"{self.dataset_path}: conversation {int(self.indices[k])} has {int(lengths[k])} tokens, more than "
-                f"a sample holds (--seq-length {self.config.sequence_length} + 1); pass --apertus-sft-oversize split "
-                "to cut long conversations into pieces")
-        packing = best_fit_decreasing(lengths, capacity, oversize=oversize)
+                f"a sample holds ({holds}); pass --apertus-sft-oversize split to cut long conversations into pieces")
+        slots = pad_to_multiple(lengths, self.pad_multiple) if padded else lengths
+        packing = best_fit_decreasing(slots, capacity, oversize=oversize)
         order = np.argsort(packing.piece_bin, kind="stable")
         self._piece_doc = packing.piece_doc[order]
         self._piece_start = packing.piece_start[order]
-        self._piece_len = packing.piece_length[order]
+        self._piece_slots = packing.piece_length[order]
+        # a piece's tokens: the padded document's piece less the padding (pieces are cut at multiples of M)
+        self._piece_len = np.minimum(self._piece_slots, lengths[self._piece_doc] - self._piece_start)
         self._bin_bounds = np.searchsorted(packing.piece_bin[order], np.arange(packing.num_bins + 1))
         self.num_bins = packing.num_bins
         wanted = self.num_samples if self.num_samples is not None else self.num_bins
@@ -171,9 +200,11 @@ class ApertusDataset(GPTDataset):
         """(ids of S+1 tokens, keep mask of the S labels, document ids and positions of the S inputs)."""
         b = int(self._sample_bins[sample])
         lo, hi = int(self._bin_bounds[b]), int(self._bin_bounds[b + 1])
-        capacity = self.config.sequence_length + 1
-        ids = np.full(capacity, self.spec.pad_id, dtype=np.int64)
-        keep = np.zeros(capacity - 1, dtype=bool)
+        seq_len = self.config.sequence_length
+        padded = self.pad_multiple > 1
+        span = seq_len if padded else seq_len + 1  # the positions the segments cover
+        ids = np.full(seq_len + 1, self.spec.pad_id, dtype=np.int64)
+        keep = np.zeros(seq_len, dtype=bool)
         segments = []
         pos = 0
         for p in range(lo, hi):
@@ -181,14 +212,18 @@ class ApertusDataset(GPTDataset):
             start, n = int(self._piece_start[p]), int(self._piece_len[p])
             conv, conv_keep = self._conversation_targets(seq)
             ids[pos:pos + n] = conv[start:start + n]
-            # labels inside the piece; the piece's last token predicts the next document: not a target
+            # labels inside the piece; the piece's last token predicts the next document (or its padding):
+            # not a target
             keep[pos:pos + n - 1] = conv_keep[start:start + n - 1]
-            segments.append(n)
-            pos += n
-        if pos < capacity:
-            segments.append(capacity - pos)  # padding: its own segment, never a target
-        layout = packed_layout(segments)  # over the S+1 tokens; the inputs are the first S
-        return ids, keep, layout.document_ids[:-1], layout.position_ids[:-1]
+            width = int(self._piece_slots[p]) if padded else n
+            segments.append(width)
+            pos += width
+        if pos < span:
+            segments.append(span - pos)  # the bin's free room: padding, its own segment, never a target
+        layout = packed_layout(segments)
+        if padded:  # the segments cover exactly the S inputs
+            return ids, keep, layout.document_ids, layout.position_ids
+        return ids, keep, layout.document_ids[:-1], layout.position_ids[:-1]  # over S+1 tokens: the first S
 
     # ------------------------------------------------------------------ samples
     def __len__(self) -> int:
@@ -219,8 +254,8 @@ class ApertusDataset(GPTDataset):
             "modality": torch.from_numpy(self.spec.modality_of(labels).astype(np.int64)),
             "position_ids": torch.from_numpy(positions.astype(np.int64)),
         }
-        if self.config.create_attention_mask:
-            sample["attention_mask"] = attention_mask_from_documents(doc_ids)
+        if self.config.create_attention_mask and not self.config.apertus.packed_sequences:
+            sample["attention_mask"] = attention_mask_from_documents(doc_ids)  # [S, S]: only without cu_seqlens
         if self.config.apertus.packed_sequences:
             bounds = np.flatnonzero(np.diff(doc_ids)) + 1
             cu = np.concatenate([[0], bounds, [seq_len]]).astype(np.int32)

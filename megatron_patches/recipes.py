@@ -1,4 +1,4 @@
-"""The Apertus training stages (SPEC.md section 6) as Megatron flags: ``apertus-megatron SCRIPT --apertus-recipe NAME``.
+"""The Apertus training stages (SPEC.md section 6, report Appendix G) as Megatron flags: ``apertus-megatron SCRIPT --apertus-recipe NAME``.
 
 A recipe is a list of Megatron and ``--apertus-*`` flags that the launcher puts before the
 command line's own: a flag given on the command line replaces the recipe's (the recipe's value
@@ -6,26 +6,43 @@ is dropped, whatever its position), so ``--apertus-recipe cpt-8b --lr 5e-5`` run
 at another peak learning rate. Several recipes may be named (``--apertus-recipe cpt-8b
 --apertus-recipe goldfish``); a later one replaces an earlier one's flags the same way. A NAME
 that is a file is read as a flag file (flags separated by white space or lines, ``#`` comments,
-shell quoting). The launcher prints each recipe's flags, and which the command line overrode, at
-start.
+shell quoting). The launcher prints each recipe's flags, which the command line overrode, and
+which flags the stage still needs, at start.
 
-Shipped recipes (``apertus-megatron --recipes`` lists them):
+Shipped recipes (``apertus-megatron --recipes`` lists them); every number is the report's
+(``tests/megatron/test_recipes.py`` compares each one with a table written from it):
 
-* ``cpt-8b``, ``cpt-70b``: continued pretraining with AdEMAMix (the core's
+* ``cpt-8b``, ``cpt-70b`` (Table G.1, section 3.2): continued pretraining with AdEMAMix (the core's
   :data:`megatron_patches.ademamix.RECIPE`: betas, alpha, warmups, weight decay 0.1 on every
   parameter, norm gains and xIELU scalars included), gradient clipping 0.1, a WSD schedule with a
-  1-sqrt decay to 10 % of the peak (warm-up of 4.2B tokens, as samples of the run's
-  ``--seq-length``); 8B: peak 1.1e-4, sequence 8,192, global batch 1,024, TP 2; 70B: peak 2e-5,
-  global batch 2,048, TP 4, PP 8, two virtual stages per pipeline rank. The stage lengths are the
-  run's: pass ``--train-samples`` and ``--lr-wsd-decay-samples`` (stage 3's length).
-* ``long-context-{8b,70b}-{32k,64k,128k,256k}``: the context-extension steps, each halving the
-  previous step's global batch (the first halves the main run's), RoPE base 2M at 32k and 4M
-  from 64k on with llama3 factors 8, 8, 16, 32 (SPEC.md's "base 2M then 4M, factors 8, 8, 16,
-  32", read as: the base doubles at the second step, the factor at the third and fourth),
-  constant learning rate at the main run's minimum, ``--apertus-allow-rope-change``. Pack the
-  stage's prefixes with ``--apertus-bfd-data``.
-* ``sft-8b``, ``sft-70b``: Adam (0.9, 0.999), no weight decay, clipping 1.0, constant learning
-  rate after 800 warm-up iterations, sequence 16,384; 8B: 6e-5, batch 256; 70B: 1e-5, batch 1,024.
+  1-sqrt decay to 10 % of the peak, warm-up 500 (8B) / 250 (70B) iterations of the recipe's
+  global batch (512,000 samples of 8,192 tokens: the 4.2B tokens of section 3.2), sequence
+  8,192, RoPE base 500,000 with llama3 factor 8 (Apertus 1.0's, section 3.3), Goldfish k = h = 50
+  (section 3.2); 8B: peak 1.1e-4, global batch 1,024, TP 2; 70B: peak 2e-5, global batch 2,048,
+  TP 4, PP 8, two virtual stages per pipeline rank. The stage lengths are the run's: pass
+  ``--train-samples`` and ``--lr-wsd-decay-samples`` (stage 3's length); stages 2 and 3 add
+  ``--apertus-targets text-only``.
+* ``long-context-{8b,70b}-{32k,64k,128k,256k}`` (section 3.3, Appendix G): the four
+  context-extension steps. Each loads the previous step's checkpoint with a fresh optimizer:
+  pass it as ``--pretrained-checkpoint`` (Megatron loads it as a finetuning start, optimizer,
+  scheduler and iteration fresh, while ``--load`` of this step holds no checkpoint; a restart of
+  the step resumes from ``--load`` as usual). Constant learning rate at the main run's minimum,
+  RoPE base 2M at 32k and 4M from 64k on with llama3 factors 8, 8, 16, 32, the global batch
+  halved at each doubling of the sequence (8B: 256, 128, 64, 32; 70B: 512, 256, 128, 64, the
+  same tokens per batch as its main run), context parallelism 2, 4, 8, 16 (8B) and 4, 8, 16,
+  32 (70B), the 70B without virtual pipeline stages (section 3.4), the token budget of each step
+  as ``--train-samples`` (8B: 62.9B, 58.7B, 58.7B, 58.7B; 70B: 58.7B, 58.7B, 50.3B, 50.3B),
+  text-only targets and Goldfish as in the stages before. Documents are packed
+  best-fit-decreasing with cross-document masking under context parallelism: name the step's
+  prefixes in ``--apertus-bfd-data``; ``--apertus-packed-sequences`` and micro batch 1 are set.
+* ``sft-8b``, ``sft-70b`` (section 4.2, Appendix G): Adam (0.9, 0.999), no weight decay, clipping
+  1.0, constant learning rate after 800 warm-up iterations, sequence 16,384; 8B: 6e-5, batch 256;
+  70B: 1e-5, batch 1,024.
+* ``long-context-sft-8b``, ``long-context-sft-70b`` (section 4.3): the production SFT's optimizer
+  and learning rate, held constant after 195 (8B) / 100 (70B) warm-up steps, sequences of
+  262,144 tokens, global batch 32 / 64. The report gives no parallelism for this stage; the
+  recipes use the 262,144-token extension step's (8B: TP 2, CP 16; 70B: TP 4, PP 8, CP 32) with
+  packed sequences.
 * ``goldfish``: Goldfish loss with the core's defaults (k = 50, h = 50).
 
 Nothing here imports Megatron.
@@ -45,10 +62,10 @@ from apertus_plugins.core.release import CONTEXT_LENGTH, ROPE_FACTOR, ROPE_THETA
 from .ademamix import RECIPE as ADEMAMIX
 from .errors import ApertusArgumentError
 
-__all__ = ["Recipe", "RECIPES", "WARMUP_TOKENS", "expand_recipes", "recipe_flags", "split_flags"]
+__all__ = ["Recipe", "RECIPES", "MAIN_SEQUENCE", "expand_recipes", "recipe_flags", "split_flags"]
 
-#: Continued pretraining's learning-rate warm-up (SPEC.md 6), in tokens.
-WARMUP_TOKENS = 4_200_000_000
+#: The continued-pretraining sequence of both models (Table G.1).
+MAIN_SEQUENCE = 8192
 
 
 @dataclass(frozen=True)
@@ -66,6 +83,11 @@ def _g(x: float) -> str:
     return f"{x:g}"
 
 
+def _goldfish() -> list[str]:
+    params = inspect.signature(goldfish_drop).parameters
+    return ["--apertus-goldfish-k", str(params["k"].default), "--apertus-goldfish-h", str(params["h"].default)]
+
+
 def _ademamix() -> list[str]:
     b1, b2, b3 = ADEMAMIX["betas"]
     return ["--optimizer", "adam", "--apertus-optimizer", "ademamix", "--adam-beta1", _g(b1), "--adam-beta2", _g(b2),
@@ -75,60 +97,94 @@ def _ademamix() -> list[str]:
             "--weight-decay", _g(ADEMAMIX["weight_decay"]), "--apertus-weight-decay-on", "all", "--clip-grad", "0.1"]
 
 
-def _warmup_samples(flags: dict[str, list[str]]) -> str | None:
-    if "--lr-warmup-iters" in flags or "--lr-warmup-fraction" in flags:
-        return None  # the run chose its own warm-up
-    seq = flags.get("--seq-length")
-    if not seq:
-        raise ApertusArgumentError(f"the continued-pretraining recipes warm up over {WARMUP_TOKENS:,} tokens, counted in "
-                                   "samples of --seq-length: pass --seq-length")
-    return str(round(WARMUP_TOKENS / int(seq[0])))
+def _rope(base: int, factor: int, length: int) -> list[str]:
+    return ["--max-position-embeddings", str(length), "--position-embedding-type", "rope", "--rotary-base", str(base),
+            "--use-rope-scaling", "--rope-scaling-factor", str(factor)]
 
 
-#: (model, peak LR, global batch, parallelism, sequence or None)
+@dataclass(frozen=True)
+class _Model:
+    """One model's continued-pretraining numbers (Table G.1) and its long-context steps (Appendix G)."""
+
+    peak: float
+    batch: int
+    warmup_iterations: int
+    parallel: tuple[str, ...]
+    virtual_stages: int | None
+    long_context_cp: tuple[int, int, int, int]
+    long_context_tokens: tuple[float, float, float, float]
+
+
 _MODELS = {
-    "8b": (1.1e-4, 1024, ["--tensor-model-parallel-size", "2"], 8192),
-    "70b": (2e-5, 2048, ["--tensor-model-parallel-size", "4", "--pipeline-model-parallel-size", "8",
-                         "--num-virtual-stages-per-pipeline-rank", "2"], None),
+    "8b": _Model(1.1e-4, 1024, 500, ("--tensor-model-parallel-size", "2"), None, (2, 4, 8, 16),
+                 (62.9e9, 58.7e9, 58.7e9, 58.7e9)),
+    "70b": _Model(2e-5, 2048, 250, ("--tensor-model-parallel-size", "4", "--pipeline-model-parallel-size", "8"), 2,
+                  (4, 8, 16, 32), (58.7e9, 58.7e9, 50.3e9, 50.3e9)),
 }
+#: RoPE of the main run (Apertus 1.0's, section 3.3).
+_MAIN_ROPE = (500_000, 8)
 #: Context-extension steps: (name, sequence, RoPE base, llama3 factor).
 _LONG_CONTEXT = (("32k", 32768, 2_000_000, 8), ("64k", 65536, int(ROPE_THETA), 8),
                  ("128k", 131072, int(ROPE_THETA), 16), ("256k", CONTEXT_LENGTH, int(ROPE_THETA), int(ROPE_FACTOR)))
+#: SFT (section 4.2): learning rate, global batch; long-context SFT (section 4.3): warm-up steps, global batch.
 _SFT = {"8b": (6e-5, 256), "70b": (1e-5, 1024)}
 _SFT_SEQ = 16384
+_SFT_WARMUP = 800
+_LONG_SFT = {"8b": (195, 32), "70b": (100, 64)}
+
+
+def _samples(tokens: float, length: int, batch: int) -> int:
+    """The step's token budget as samples: whole global batches of ``length`` tokens, nearest to ``tokens``."""
+    return round(tokens / (length * batch)) * batch
+
+
+def _adam_sft(lr: float) -> list[str]:
+    return ["--optimizer", "adam", "--apertus-optimizer", "megatron", "--adam-beta1", "0.9", "--adam-beta2", "0.999",
+            "--weight-decay", "0", "--clip-grad", "1.0", "--lr", _g(lr), "--lr-decay-style", "constant"]
 
 
 def _build() -> dict[str, Recipe]:
     out: dict[str, Recipe] = {}
-    for size, (peak, batch, parallel, seq) in _MODELS.items():
-        flags = [*_ademamix(), "--lr", _g(peak), "--min-lr", _g(peak / 10), "--lr-decay-style", "WSD",
-                 "--lr-wsd-decay-style", "minus_sqrt", "--global-batch-size", str(batch), *parallel]
-        if seq:
-            flags += ["--seq-length", str(seq)]
+    for size, m in _MODELS.items():
+        virtual = ["--num-virtual-stages-per-pipeline-rank", str(m.virtual_stages)] if m.virtual_stages else []
+        flags = [*_ademamix(), "--lr", _g(m.peak), "--min-lr", _g(m.peak / 10), "--lr-decay-style", "WSD",
+                 "--lr-wsd-decay-style", "minus_sqrt", "--lr-warmup-samples", str(m.warmup_iterations * m.batch),
+                 "--global-batch-size", str(m.batch), *m.parallel, *virtual, "--seq-length", str(MAIN_SEQUENCE),
+                 *_rope(*_MAIN_ROPE, MAIN_SEQUENCE), *_goldfish()]
         out[f"cpt-{size}"] = Recipe(
-            f"cpt-{size}", f"continued pretraining {size.upper()}: AdEMAMix, WSD with 1-sqrt decay to 10%",
-            tuple(flags), {"--lr-warmup-samples": _warmup_samples}, needs=("--train-samples", "--lr-wsd-decay-samples"))
-        b = batch
-        for name, length, base, factor in _LONG_CONTEXT:
-            b //= 2
-            lc = [*_ademamix(), "--lr", _g(peak / 10), "--min-lr", _g(peak / 10), "--lr-decay-style", "constant",
-                  "--lr-warmup-iters", "0", "--global-batch-size", str(b), *parallel, "--seq-length", str(length),
-                  "--max-position-embeddings", str(length), "--position-embedding-type", "rope", "--rotary-base",
-                  str(base), "--use-rope-scaling", "--rope-scaling-factor", str(factor), "--apertus-allow-rope-change"]
+            f"cpt-{size}", f"continued pretraining {size.upper()}: AdEMAMix, WSD with 1-sqrt decay to 10%, "
+            f"warm-up {m.warmup_iterations} iterations", tuple(flags),
+            needs=("--train-samples", "--lr-wsd-decay-samples"))
+        tokens_per_batch = m.batch * MAIN_SEQUENCE
+        for (name, length, base, factor), cp, budget in zip(_LONG_CONTEXT, m.long_context_cp, m.long_context_tokens,
+                                                             strict=True):
+            b = tokens_per_batch // length  # halved at each doubling: the same tokens per batch
+            lc = [*_ademamix(), "--lr", _g(m.peak / 10), "--min-lr", _g(m.peak / 10), "--lr-decay-style", "constant",
+                  "--lr-warmup-samples", "0", "--global-batch-size", str(b), "--micro-batch-size", "1", *m.parallel,
+                  "--context-parallel-size", str(cp), "--seq-length", str(length), *_rope(base, factor, length),
+                  "--train-samples", str(_samples(budget, length, b)), "--apertus-targets", "text-only",
+                  *_goldfish(), "--apertus-packed-sequences", "--apertus-allow-rope-change"]
             out[f"long-context-{size}-{name}"] = Recipe(
                 f"long-context-{size}-{name}", f"context extension {size.upper()} to {name}: RoPE base {base:,}, "
-                f"factor {factor}, batch {b}, constant LR {_g(peak / 10)}", tuple(lc), needs=("--apertus-bfd-data",))
+                f"factor {factor}, batch {b}, CP {cp}, constant LR {_g(m.peak / 10)}, fresh optimizer", tuple(lc),
+                needs=("--apertus-bfd-data", "--pretrained-checkpoint"))
     for size, (lr, batch) in _SFT.items():
         out[f"sft-{size}"] = Recipe(
-            f"sft-{size}", f"SFT {size.upper()}: Adam, constant LR {_g(lr)} after 800 warm-up iterations",
-            ("--optimizer", "adam", "--apertus-optimizer", "megatron", "--adam-beta1", "0.9", "--adam-beta2", "0.999",
-             "--weight-decay", "0", "--clip-grad", "1.0", "--lr", _g(lr), "--lr-decay-style", "constant",
-             "--lr-warmup-iters", "800", "--seq-length", str(_SFT_SEQ), "--global-batch-size", str(batch)),
+            f"sft-{size}", f"SFT {size.upper()}: Adam, constant LR {_g(lr)} after {_SFT_WARMUP} warm-up iterations",
+            (*_adam_sft(lr), "--lr-warmup-iters", str(_SFT_WARMUP), "--seq-length", str(_SFT_SEQ),
+             "--global-batch-size", str(batch)),
             needs=("--apertus-sft-data",))
-    params = inspect.signature(goldfish_drop).parameters
-    k, h = params["k"].default, params["h"].default
-    out["goldfish"] = Recipe("goldfish", f"Goldfish loss k={k} h={h}",
-                             ("--apertus-goldfish-k", str(k), "--apertus-goldfish-h", str(h)))
+        warmup, long_batch = _LONG_SFT[size]
+        m = _MODELS[size]
+        out[f"long-context-sft-{size}"] = Recipe(
+            f"long-context-sft-{size}", f"long-context SFT {size.upper()}: sequences of {CONTEXT_LENGTH:,} tokens, "
+            f"constant LR {_g(lr)} after {warmup} warm-up iterations, batch {long_batch}",
+            (*_adam_sft(lr), "--lr-warmup-iters", str(warmup), "--global-batch-size", str(long_batch),
+             "--micro-batch-size", "1", *m.parallel, "--context-parallel-size", str(m.long_context_cp[-1]),
+             "--seq-length", str(CONTEXT_LENGTH), *_rope(int(ROPE_THETA), int(ROPE_FACTOR), CONTEXT_LENGTH),
+             "--apertus-packed-sequences"),
+            needs=("--apertus-sft-data", "--pretrained-checkpoint"))
+    out["goldfish"] = Recipe("goldfish", f"Goldfish loss k={_goldfish()[1]} h={_goldfish()[3]}", tuple(_goldfish()))
     return out
 
 

@@ -4,7 +4,10 @@ Pre-norm RMSNorm, QK-norm, no biases and a non-gated MLP ``linear_fc2(xIELU(line
 spec is megatron-core's own GPT layer spec (local or Transformer Engine) with the MLP swapped for
 :class:`ApertusMLP`, whose activation is a per-layer :class:`XIELU` module: ``alpha_p``/``alpha_n``
 are parameters of every layer (``decoder.layers.N.mlp.activation_func.alpha_{p,n}``), trained and,
-under the Apertus recipe, weight-decayed. The math is :mod:`apertus_plugins.core.xielu`.
+under the Apertus recipe, weight-decayed. The math is :mod:`apertus_plugins.core.xielu`, run as its
+fused autograd function (:func:`~apertus_plugins.core.xielu.xielu_fused`: only the activation's input
+is kept for the backward pass, as GeLU keeps, and the values and gradients are the composed
+formula's, bit for bit).
 
 Build a model with :func:`build_gpt_model` (what the launcher's model provider calls); it passes
 ``--rope-scaling-factor`` to ``GPTModel``, which upstream's GPT builder does not.
@@ -53,10 +56,15 @@ class XIELU(MegatronModule):
         self.register_buffer("beta", torch.tensor(_xielu.BETA, dtype=dtype, device=device), persistent=False)
         self.register_buffer("eps", torch.tensor(_xielu.EPS, dtype=dtype, device=device), persistent=False)
 
+    #: Run :func:`apertus_plugins.core.xielu.xielu_fused` (True) or the composed :func:`~apertus_plugins.core.xielu.xielu`
+    #: (same values and gradients, about four times the activation's size kept for the backward pass).
+    fused = True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a_p = copy_to_tensor_model_parallel_region(self.alpha_p)
         a_n = copy_to_tensor_model_parallel_region(self.alpha_n)
-        return _xielu.xielu(x, a_p, a_n, self.beta.to(x.dtype), self.eps)
+        fn = _xielu.xielu_fused if self.fused else _xielu.xielu
+        return fn(x, a_p, a_n, self.beta.to(x.dtype), self.eps.to(x.dtype))
 
 
 class ApertusMLP(MLP):

@@ -11,7 +11,14 @@ own, with the same signatures:
   explicit weights or a schedule), and reports the combined loss (``lm loss``, the trained
   objective) with each modality's own loss (``text loss``, ``image loss``, ...) beside it, each
   over the same targets (the labels of positive weight) and token-weighted across micro-batches
-  and ranks by Megatron's own reduction.
+  and ranks by Megatron's own reduction. Under context parallelism the trained loss is normalised
+  by the target count of the whole sequence (summed over the CP group), so that a CP=N run
+  trains and logs what the CP=1 run does. Nothing in it waits for the device.
+* Context parallelism (``--context-parallel-size``) needs ``--apertus-packed-sequences``: each
+  packed sample is split over the CP ranks as Transformer Engine's THD attention expects
+  (:func:`batch_on_this_cp_rank`, the index math in :func:`apertus_plugins.core.packing.cp_partition_indices`):
+  tokens, labels, loss mask, modality ids (and with them the Goldfish drops, part of the mask) and
+  position ids alike.
 * :func:`wrap_train_step` and :func:`wrap_training_log` (installed by the launcher) make a step
   whose global batch holds no target visible: its optimizer step is skipped (Megatron counts it
   among the skipped iterations), the log says so and counts it (``--apertus-empty-steps error``
@@ -43,6 +50,7 @@ require_supported()
 import torch  # noqa: E402
 from megatron.core import parallel_state  # noqa: E402
 
+from apertus_plugins.core.packing import cp_partition_indices  # noqa: E402
 from apertus_plugins.core.vocab import VocabSpec  # noqa: E402
 from apertus_plugins.data.indexed import IndexedDataset, IndexedDatasetError  # noqa: E402
 from apertus_plugins.data.manifest import read_manifest, verify_manifest  # noqa: E402
@@ -62,6 +70,7 @@ __all__ = [
     "modality_weights",
     "loss_func",
     "get_batch",
+    "batch_on_this_cp_rank",
     "forward_step",
     "model_provider",
     "dataset_config_from_args",
@@ -89,9 +98,25 @@ def get_options() -> ApertusOptions:
     return _OPTIONS[0]
 
 
-def modality_weights(options: ApertusOptions, step: float | None) -> torch.Tensor:
-    """float32 weight per modality (``spec.modality_names`` order) at iteration ``step``."""
-    return torch.from_numpy(options.targets.weights_at(options.spec, step))
+def modality_weights(options: ApertusOptions, step: float | None, device: torch.device | None = None) -> torch.Tensor:
+    """float32 weight per modality (``spec.modality_names`` order) at iteration ``step``.
+
+    With ``device`` the tensor is copied there once per distinct set of values and reused (the
+    weights change only with a schedule), so the loss path makes no host-to-device copy per micro-batch.
+    """
+    values = options.targets.weights_at(options.spec, step)
+    if device is None:
+        return torch.from_numpy(values)
+    key = (str(device), values.tobytes())
+    hit = _WEIGHTS.get(key)
+    if hit is None:
+        if len(_WEIGHTS) > 64:
+            _WEIGHTS.clear()
+        hit = _WEIGHTS[key] = torch.from_numpy(values).to(device)
+    return hit
+
+
+_WEIGHTS: dict[tuple[str, bytes], torch.Tensor] = {}
 
 
 # ------------------------------------------------------------------------------------------ loss
@@ -104,6 +129,8 @@ def loss_func(
     names: Sequence[str],
     model: Any = None,
     validate: Any = None,
+    cp_group: Any = None,
+    per_token_loss: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """The Apertus loss of one micro-batch, in megatron-core's three-output form.
 
@@ -114,17 +141,27 @@ def loss_func(
         weights: ``[M]`` loss weight of each modality at this iteration.
         names: the ``M`` modality names (``spec.modality_names``).
         model: unused (upstream's signature).
-        validate: optional ``callable(loss)`` for NaN/Inf/spike checks.
+        validate: optional ``callable(loss)`` for NaN/Inf/spike checks (on this rank's own sum).
+        cp_group: the context-parallel group when it has more than one rank (this rank's labels are
+            a slice of the sequence).
+        per_token_loss: Megatron's ``--calculate-per-token-loss`` (it then divides the gradients by
+            the global target count itself).
 
     Returns:
-        ``(sum_j w_j * loss_j, number of targets, report)`` where ``w_j`` is the keep mask times
-        the modality weight and the targets are the labels with ``w_j > 0``; Megatron divides the
-        sum by the token count. The report holds ``[sum, count]`` pairs over those same targets:
-        ``lm loss`` (the trained, weighted loss) and ``<modality> loss`` for each modality (its
-        unweighted mean loss over its targets). Megatron sums each pair over the micro-batches
-        and data-parallel ranks of a step before it divides, so every logged value is
-        token-weighted. The target counts also go to :func:`step_targets` (the launcher's
-        check for steps without targets).
+        ``(loss, number of targets, report)``. Megatron divides the loss by the count (without
+        ``--calculate-per-token-loss``) and averages the gradients over the data- and
+        context-parallel ranks. On one CP rank that is ``sum_j w_j * loss_j`` and the rank's
+        target count, where ``w_j`` is the keep mask times the modality weight and the targets
+        are the labels with ``w_j > 0``. Under context parallelism (without per-token loss) the
+        count is the whole sequence's (summed over the CP group) and the sum is multiplied by the
+        CP size, so the averaged gradient is that of the whole sequence's mean, exactly as at
+        CP=1 (megatron-core would average the CP ranks' own means instead). The report holds
+        ``[sum, count]`` pairs over this rank's targets: ``lm loss`` (the trained, weighted loss)
+        and ``<modality> loss`` for each modality (its unweighted mean loss over its targets).
+        Megatron sums each pair over the micro-batches and the data- and context-parallel ranks
+        of a step before it divides, so every logged value is token-weighted and equals the
+        CP=1 value. The target counts also go to :func:`step_targets` (the launcher's check for
+        steps without targets). No value is read back to the host here.
     """
     losses = output_tensor.reshape(-1).float()
     keep = loss_mask.reshape(-1).float()
@@ -132,18 +169,24 @@ def loss_func(
     w = keep * weights.to(device=losses.device, dtype=torch.float32)[mod]
     loss = torch.sum(losses * w)
     target = w > 0
-    num_tokens = target.sum().to(torch.int)
+    num_tokens = target.sum()
+    # every modality's sum and count in one masked [tokens, M] reduction (deterministic, no host sync)
+    onehot = (mod.unsqueeze(1) == torch.arange(len(names), device=mod.device)) & target.unsqueeze(1)
+    sums = (losses.detach().unsqueeze(1) * onehot).sum(dim=0)
+    counts = onehot.sum(dim=0)
     report = {"lm loss": torch.stack([loss.detach(), num_tokens.detach().float()])}
-    counts = [num_tokens.detach()]
     for k, name in enumerate(names):
-        sel = target & (mod == k)
-        n = sel.sum()
-        report[f"{name} loss"] = torch.stack([torch.sum(losses.detach() * sel), n.float()])
-        counts.append(n)
-    _STEP.add(torch.stack(counts).to(torch.int64))
+        report[f"{name} loss"] = torch.stack([sums[k], counts[k].float()])
+    _STEP.add(torch.cat([num_tokens.view(1), counts]).to(torch.int64))
     if validate is not None:
         validate(loss)
-    return loss, num_tokens, report
+    if cp_group is not None and not per_token_loss:
+        cp_size = torch.distributed.get_world_size(cp_group)
+        if cp_size > 1:
+            num_tokens = num_tokens.clone()
+            torch.distributed.all_reduce(num_tokens, group=cp_group)
+            loss = loss * cp_size
+    return loss, num_tokens.to(torch.int), report
 
 
 # ------------------------------------------------------------------------------- steps without targets
@@ -238,7 +281,12 @@ def wrap_training_log(original: Any) -> Any:
       losses are not averaged, and it is no "nan iteration");
     * a modality without targets in a step is dropped from that step's losses, and the interval's
       average of each modality is taken over the steps that had its targets (Megatron divides by
-      every advanced step); a key with no such step in the interval is left out of the line.
+      every advanced step); a key with no such step in the interval is left out of the line;
+    * a line is the average of its own interval: Megatron 0.19 logs a run's first iteration as a
+      preview and keeps its accumulators for the interval it starts, also when that iteration is
+      itself an interval's end (``--log-interval 1``, or a resumed run at a multiple of it); then
+      the next line mixed the previous step in, and a step without targets showed the previous
+      step's loss as its own. Such a first line is logged as the regular interval line it is.
     """
     signature = inspect.signature(original)
     interval: dict[str, int] = {}
@@ -251,6 +299,9 @@ def wrap_training_log(original: Any) -> Any:
         iteration = int(bound.arguments.get("iteration", 0))
         skipped = bool(bound.arguments.get("skipped_iter", 0))
         first = bool(bound.arguments.get("is_first_iteration", False))
+        if first and iteration % get_args().log_interval == 0:
+            bound.arguments["is_first_iteration"] = False  # the end of an interval: reset after its line
+            first = False
         names = get_options().spec.modality_names
         total = _STEP.total or [1] * (1 + len(names))
         loss_dict = dict(loss_dict)
@@ -282,7 +333,8 @@ def wrap_training_log(original: Any) -> Any:
                 total_loss_dict[key] = total_loss_dict[key] * f
             if key in loss_dict and not skipped:
                 loss_dict[key] = loss_dict[key] * f
-        out = original(loss_dict, total_loss_dict, *args, **kwargs)
+        bound.arguments["loss_dict"] = loss_dict
+        out = original(*bound.args, **bound.kwargs)
         if log_now:
             if first:  # Megatron keeps the accumulators after the first iteration's line: undo the scaling
                 for key, f in scaled.items():
@@ -335,7 +387,9 @@ def get_batch(
     The first rank of the tensor-parallel group reads ``data_iterator`` and broadcasts
     :data:`BATCH_KEYS` (plus ``attention_mask`` / ``cu_seqlens`` and ``max_seqlen`` when used);
     the others allocate and receive. Stages in the middle of a pipeline get only what attention
-    needs (``attention_mask``, ``cu_seqlens``), as their layers still separate documents.
+    needs (``attention_mask``, ``cu_seqlens``), as their layers still separate documents. With
+    packed sequences the batch also holds ``cu_seqlens_host``, the boundaries on the host (the
+    loader's own tensor on the reading rank), for the index math of context parallelism.
     """
     dev = _device()
     tp_group = tp_group if tp_group is not None else parallel_state.get_tensor_model_parallel_group()
@@ -356,6 +410,8 @@ def get_batch(
             if k not in data:
                 raise KeyError(f"the batch has no {k!r}: build the data with megatron_patches.dataset.ApertusDataset")
             batch[k] = data[k].to(dev, non_blocking=True)
+        if packed_sequences:
+            batch["cu_seqlens_host"] = data["cu_seqlens"].cpu()
     if tp_size > 1:
         shapes = {"attention_mask": (micro_batch_size, 1, seq_length, seq_length)}
         dtypes = {"loss_mask": torch.float32, "attention_mask": torch.bool}
@@ -372,10 +428,50 @@ def get_batch(
                 batch["max_seqlen"] = torch.empty((1,), dtype=torch.int32, device=dev)
             torch.distributed.broadcast(batch["cu_seqlens"], src, group=tp_group)
             torch.distributed.broadcast(batch["max_seqlen"], src, group=tp_group)
+            if tp_rank != 0:
+                batch["cu_seqlens_host"] = batch["cu_seqlens"].cpu()
     return batch
 
 
+#: Per-token keys that context parallelism splits along the sequence.
+CP_SPLIT_KEYS = ("tokens", "labels", "loss_mask", "modality", "position_ids")
+
+
+def batch_on_this_cp_rank(batch: dict[str, Any], cp_size: int, cp_rank: int) -> dict[str, Any]:
+    """This context-parallel rank's part of a packed micro-batch (``--apertus-packed-sequences``).
+
+    Every document of the sample (its ``cu_seqlens`` segment, padded by the dataset to a multiple
+    of ``2 x cp_size``) is cut into ``2 x cp_size`` chunks and the rank keeps chunks ``cp_rank``
+    and ``2 x cp_size - 1 - cp_rank``: Transformer Engine's ``thd_get_partitioned_indices``, the
+    split its THD attention and megatron-core's THD RoPE assume. Each of :data:`CP_SPLIT_KEYS`
+    present is sliced with the same indices, so labels, loss mask (with the Goldfish drops),
+    modality ids and position ids stay aligned with the tokens. ``cu_seqlens`` and ``max_seqlen``
+    stay whole (the attention reads the global layout).
+    """
+    if cp_size == 1:
+        return batch
+    cu = batch.get("cu_seqlens_host")
+    if cu is None:
+        cu = batch["cu_seqlens"].cpu()
+    cu = cu.reshape(-1, cu.shape[-1])
+    if cu.shape[0] != 1:
+        raise ValueError("--apertus-packed-sequences needs --micro-batch-size 1")
+    index = torch.from_numpy(cp_partition_indices(cu[0].numpy(), cp_size, cp_rank))
+    out = dict(batch)
+    for key in CP_SPLIT_KEYS:
+        value = out.get(key)
+        if value is not None:
+            out[key] = value.index_select(1, index.to(value.device, non_blocking=True))
+    return out
+
+
 def _packed_seq_params(batch: dict[str, Any]) -> Any:
+    """``PackedSeqParams`` (THD) of a packed micro-batch: its document boundaries, padding included.
+
+    The dataset counts each document's padding in its segment (megatron-core's SFT convention), so
+    the plain and the ``_padded`` boundaries are the same tensor; ``max_seqlen`` is the longest
+    segment, read on the host.
+    """
     from megatron.core.packed_seq_params import PackedSeqParams
 
     cu = batch["cu_seqlens"]
@@ -383,9 +479,13 @@ def _packed_seq_params(batch: dict[str, Any]) -> Any:
         if cu.shape[0] != 1:
             raise ValueError("--apertus-packed-sequences needs --micro-batch-size 1")
         cu = cu[0]
-    max_len = int(batch["max_seqlen"].reshape(-1)[0].item())
-    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=max_len,
-                           max_seqlen_kv=max_len)
+    host = batch.get("cu_seqlens_host")
+    if host is not None:
+        max_len = int((host.reshape(-1)[1:] - host.reshape(-1)[:-1]).max())
+    else:
+        max_len = int(batch["max_seqlen"].reshape(-1)[0].item())
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu,
+                           cu_seqlens_kv_padded=cu, max_seqlen_q=max_len, max_seqlen_kv=max_len)
 
 
 def forward_step(data_iterator: Iterator[dict[str, torch.Tensor]] | None, model: Any,
@@ -401,27 +501,30 @@ def forward_step(data_iterator: Iterator[dict[str, torch.Tensor]] | None, model:
     vp_stage = get_attr_wrapped_model(model, "vp_stage")
     first = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
     last = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
+    packed_sequences = options.packed_sequences
     batch = get_batch(data_iterator, micro_batch_size=args.micro_batch_size, seq_length=args.seq_length,
-                      attention_mask=bool(args.create_attention_mask_in_dataloader),
-                      packed_sequences=options.packed_sequences, is_first_stage=first, is_last_stage=last)
+                      attention_mask=bool(args.create_attention_mask_in_dataloader) and not packed_sequences,
+                      packed_sequences=packed_sequences, is_first_stage=first, is_last_stage=last)
+    cp_size = parallel_state.get_context_parallel_world_size()
     packed = None
-    if options.packed_sequences:
-        if parallel_state.get_context_parallel_world_size() > 1:
-            raise NotImplementedError("--apertus-packed-sequences with context parallelism is not supported yet")
+    if packed_sequences:
         packed = _packed_seq_params(batch)
-    elif parallel_state.get_context_parallel_world_size() > 1:
-        from megatron.core.utils import get_batch_on_this_cp_rank
-
-        batch = get_batch_on_this_cp_rank(batch)
+        batch = batch_on_this_cp_rank(batch, cp_size, parallel_state.get_context_parallel_rank())
+    elif cp_size > 1:
+        raise PreflightError("--context-parallel-size > 1 needs --apertus-packed-sequences (documents are kept apart "
+                             "by cu_seqlens, split over the ranks as Transformer Engine expects)")
     timers("batch-generator").stop()
     if return_schedule_plan:
         raise NotImplementedError("apertus-megatron does not support --overlap-moe-expert-parallel-comm")
     output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"],
                    loss_mask=batch["loss_mask"], packed_seq_params=packed)
     step = getattr(args, "curr_iteration", None)
-    weights = modality_weights(options, step if step is not None else getattr(args, "iteration", 0))
+    device = batch["loss_mask"].device if batch.get("loss_mask") is not None else None
+    weights = modality_weights(options, step if step is not None else getattr(args, "iteration", 0), device)
+    cp_group = parallel_state.get_context_parallel_group() if cp_size > 1 else None
     return output, partial(loss_func, batch["loss_mask"], batch["modality"], weights=weights,
-                           names=options.spec.modality_names, model=model, validate=_megatron_validate)
+                           names=options.spec.modality_names, model=model, validate=_megatron_validate,
+                           cp_group=cp_group, per_token_loss=bool(getattr(args, "calculate_per_token_loss", False)))
 
 
 # ------------------------------------------------------------------------------------------ model
@@ -537,6 +640,9 @@ def preflight(options: ApertusOptions, prefixes: Iterable[str], *, embedding_row
 
     * the vocabulary fits the embedding (``VocabSpec.check_embedding``);
     * every ``--apertus-sft-data`` and ``--apertus-bfd-data`` prefix is part of the blend;
+    * with packed documents padded for context parallelism, every prefix is a packed one
+      (``--apertus-sft-data`` or ``--apertus-bfd-data``): Megatron's concatenated samples cannot be
+      split per document;
     * every ``.bin``/``.idx`` pair (and stored SFT mask stream) reads consistently;
     * with ``--apertus-manifest``: the blend (with the mask streams) is exactly the manifest's list,
       with unchanged sizes and counts (and checksums with ``--apertus-manifest-checksums``).
@@ -552,6 +658,13 @@ def preflight(options: ApertusOptions, prefixes: Iterable[str], *, embedding_row
         for p in listed:
             if p not in prefixes:
                 problems.append(f"{flag} {p}: not one of the run's data prefixes {prefixes}")
+    if options.packed_sequences and options.pad_multiple > 1:
+        packed = set(options.sft_prefixes) | set(options.bfd_prefixes)
+        for p in prefixes:
+            if p not in packed:
+                problems.append(f"{p}: packed documents are padded to multiples of {options.pad_multiple} (context "
+                                "parallelism), so every prefix must be packed: name it in --apertus-bfd-data "
+                                "(pretraining documents) or --apertus-sft-data (conversations)")
     checked = list(prefixes)
     if options.sft_mask == "stored":
         checked += [p + options.sft_mask_suffix for p in options.sft_prefixes if p in prefixes]
@@ -638,11 +751,14 @@ def _preflight_checks(args: Any, options: ApertusOptions) -> int:
     problems = cross_document_problems(args, options)
     if problems:
         raise PreflightError("documents would attend to each other:\n  " + "\n  ".join(problems))
-    load = getattr(args, "load", None) or getattr(args, "pretrained_checkpoint", None)
-    if load and not options.allow_rope_change:
+    if not options.allow_rope_change:
         from .checkpoint import read_checkpoint_args, rope_differences
 
-        saved = read_checkpoint_args(load)
+        # what Megatron loads: --load's checkpoint, else --pretrained-checkpoint's (a new stage's start)
+        saved, load = None, None
+        for candidate in (getattr(args, "load", None), getattr(args, "pretrained_checkpoint", None)):
+            if candidate and saved is None:
+                saved, load = read_checkpoint_args(candidate), candidate
         changed = rope_differences(saved, args) if saved is not None else []
         if changed:
             raise PreflightError(f"{load}: the RoPE settings differ from the checkpoint's ({'; '.join(changed)}); "
@@ -659,10 +775,15 @@ def cross_document_problems(args: Any, options: ApertusOptions) -> list[str]:
     the dataloader's attention mask reaching an attention that applies it: Transformer Engine's
     causal attention and megatron-core's fused causal softmax ignore an explicit mask.
     """
+    cp = int(getattr(args, "context_parallel_size", 1) or 1)
     if options.packed_sequences:
         if getattr(args, "micro_batch_size", 1) != 1:
             return ["--apertus-packed-sequences needs --micro-batch-size 1"]
         return []
+    if cp > 1:
+        return [f"--context-parallel-size {cp} splits every sample over {cp} ranks, where an [S, S] attention mask "
+                "cannot keep documents apart: pass --apertus-packed-sequences (cu_seqlens; each document split as "
+                "Transformer Engine's THD attention expects)"]
     problems = []
     if not getattr(args, "create_attention_mask_in_dataloader", True):
         problems.append("--no-create-attention-mask-in-dataloader: pass --apertus-packed-sequences instead")

@@ -9,6 +9,10 @@
 * :func:`packed_layout` / :func:`packed_layout_from_eod`: per-token document ids, position ids that
   reset at each document boundary, the cross-document loss exclusion and ``cu_seqlens`` for
   packed-sequence (varlen) attention.
+* :func:`pad_to_multiple`, :func:`cp_partition_indices`: context parallelism over packed
+  sequences, as Transformer Engine's THD attention splits them: every sequence padded to a
+  multiple of ``2 * cp``, cut into ``2 * cp`` chunks, rank ``r`` holding chunks ``r`` and
+  ``2 * cp - 1 - r`` of each (the load-balanced order for causal attention).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ __all__ = [
     "PackedLayout",
     "packed_layout",
     "packed_layout_from_eod",
+    "pad_to_multiple",
+    "cp_partition_indices",
 ]
 
 Oversize = Literal["error", "own_bin", "split"]
@@ -276,3 +282,45 @@ def packed_layout_from_eod(tokens: Any, eod_id: int) -> PackedLayout:
     loss = np.ones(total, dtype=np.float32)
     loss[tok == eod_id] = 0.0
     return PackedLayout(doc_ids, pos, loss, cu.astype(np.int32))
+
+
+# ------------------------------------------------------------------------------------ context parallelism
+def pad_to_multiple(lengths: Any, multiple: int) -> np.ndarray:
+    """Each length rounded up to a multiple of ``multiple`` (int64; ``multiple=1`` leaves them unchanged)."""
+    lens = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    if int(multiple) < 1:
+        raise ValueError(f"the padding multiple must be >= 1, got {multiple}")
+    m = np.int64(multiple)
+    return -(-lens // m) * m
+
+
+def cp_partition_indices(cu_seqlens: Any, cp_size: int, cp_rank: int) -> np.ndarray:
+    """The positions of a packed sequence that context-parallel rank ``cp_rank`` of ``cp_size`` holds.
+
+    ``cu_seqlens`` are the (padded) sequence boundaries, from 0 to the total length; every
+    sequence length must be a multiple of ``2 * cp_size``. Sequence ``i`` of length ``L`` is cut
+    into ``2 * cp_size`` chunks of ``c = L / (2 * cp_size)`` positions; the rank holds chunk
+    ``cp_rank`` and chunk ``2 * cp_size - 1 - cp_rank`` of every sequence, in sequence order:
+    Transformer Engine's ``thd_get_partitioned_indices`` (and megatron-core's per-document
+    ``get_batch_on_this_cp_rank``). Returns int64 indices, ``total / cp_size`` of them, ascending
+    within each chunk. The rank's own sequences then have boundaries ``cu_seqlens // cp_size``.
+    """
+    cu = np.asarray(cu_seqlens, dtype=np.int64).reshape(-1)
+    cp, rank = int(cp_size), int(cp_rank)
+    if cp < 1 or not 0 <= rank < cp:
+        raise ValueError(f"context-parallel rank {cp_rank} of size {cp_size} is not a rank")
+    if cu.size < 2 or cu[0] != 0 or np.any(np.diff(cu) < 0):
+        raise ValueError(f"cu_seqlens must start at 0 and never decrease, got {cu.tolist()[:8]}...")
+    lengths = np.diff(cu)
+    bad = np.flatnonzero(lengths % (2 * cp))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"sequence {i} has {int(lengths[i])} positions, not a multiple of 2 * cp = {2 * cp}: pad "
+                         "each packed sequence (pad_to_multiple) before splitting it over context-parallel ranks")
+    chunk = lengths // (2 * cp)
+    # two runs per sequence: [start + rank*c, +c) and [start + (2cp-1-rank)*c, +c)
+    run_start = np.stack([cu[:-1] + rank * chunk, cu[:-1] + (2 * cp - 1 - rank) * chunk], axis=1).reshape(-1)
+    run_len = np.repeat(chunk, 2)
+    total = int(run_len.sum())
+    offsets = np.cumsum(run_len) - run_len
+    return np.repeat(run_start - offsets, run_len) + np.arange(total, dtype=np.int64)

@@ -10,8 +10,10 @@ from hypothesis import strategies as st
 from apertus_plugins.core.packing import (
     best_fit_decreasing,
     concat_sample_index,
+    cp_partition_indices,
     packed_layout,
     packed_layout_from_eod,
+    pad_to_multiple,
 )
 
 
@@ -177,3 +179,49 @@ def test_layout_from_eod_matches_megatron_rule(tokens: list[int]) -> None:
     assert lay.position_ids.tolist() == pos and lay.document_ids.tolist() == docs
     assert lay.loss_mask.tolist() == loss
     assert lay.cu_seqlens.tolist() == (cu if tokens else [0])
+
+
+# ------------------------------------------------------------------------------------ context parallelism
+def te_partition_reference(cu: list[int], cp: int, rank: int) -> list[int]:
+    """Transformer Engine's rule token by token: the rank's local token t lies in sequence i (boundaries
+    cu // cp); within it, the first half of the rank's tokens is chunk ``rank``, the second half chunk
+    ``2 cp - 1 - rank`` of the sequence (each chunk a ``2 cp``-th of it), written as TE's kernel computes it."""
+    local = [c // cp for c in cu]
+    out = []
+    for t in range(cu[-1] // cp):
+        i = max(k for k in range(len(local) - 1) if local[k] <= t)
+        half = (local[i + 1] - local[i]) // 2
+        index = t - local[i]
+        offset = rank if index < half else (cp - 1) * 2 - rank
+        out.append(index + local[i] * cp + half * offset)
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=12), st.sampled_from([1, 2, 3, 4, 8]))
+def test_cp_partition_matches_the_te_rule(lengths: list[int], cp: int) -> None:
+    padded = pad_to_multiple(lengths, 2 * cp)
+    assert np.all(padded >= lengths) and np.all(padded % (2 * cp) == 0) and np.all(padded - lengths < 2 * cp)
+    cu = np.concatenate([[0], np.cumsum(padded)])
+    parts = [cp_partition_indices(cu, cp, r) for r in range(cp)]
+    for r, idx in enumerate(parts):
+        assert idx.tolist() == te_partition_reference(cu.tolist(), cp, r)
+    # the ranks together hold every position once; rank r holds chunks r and 2cp-1-r of every sequence
+    assert sorted(np.concatenate(parts).tolist()) == list(range(int(cu[-1])))
+    for r, idx in enumerate(parts):
+        for i in range(len(lengths)):
+            c = int(padded[i]) // (2 * cp)
+            mine = idx[(idx >= cu[i]) & (idx < cu[i + 1])] - cu[i]
+            assert mine.tolist() == [*range(r * c, (r + 1) * c), *range((2 * cp - 1 - r) * c, (2 * cp - r) * c)]
+
+
+def test_cp_partition_errors() -> None:
+    assert cp_partition_indices([0, 4, 12], 2, 1).tolist() == [1, 2, 6, 7, 8, 9]
+    with pytest.raises(ValueError, match="sequence 1 has 6 positions, not a multiple of 2 \\* cp = 4"):
+        cp_partition_indices([0, 4, 10], 2, 0)
+    with pytest.raises(ValueError, match="is not a rank"):
+        cp_partition_indices([0, 4], 2, 2)
+    with pytest.raises(ValueError, match="start at 0"):
+        cp_partition_indices([1, 4], 1, 0)
+    with pytest.raises(ValueError, match="multiple must be >= 1"):
+        pad_to_multiple([3], 0)

@@ -225,12 +225,14 @@ def torchrun(args: Sequence[str], *, nproc: int = 1, plugin: bool = True, cwd: P
 _ITER = re.compile(r"\] iteration\s+(\d+)/\s*\d+\s*\|")
 _FIELD = re.compile(r"\|\s*([a-z][a-z ]*?):\s*([-+0-9.eEnaif]+)\s*(?=\|)")
 EMPTY = re.compile(r"\[apertus\] iteration\s+(\d+): the global batch holds no loss target")
+EXACT_NORM = re.compile(r"\[cpu_patches\] iteration (\d+) grad norm ([-+0-9.eEnaif]+)")
 
 
 def parse_log(text: str) -> list[dict[str, Any]]:
     """Megatron's training-log lines: ``[{"iteration": i, "lm loss": x, "text loss": y, "grad norm": g, ...}]``."""
     rows = []
     empty = {int(m.group(1)) for m in EMPTY.finditer(text)}
+    exact = {int(m.group(1)): float(m.group(2)) for m in EXACT_NORM.finditer(text)}
     for line in text.splitlines():
         m = _ITER.search(line)
         if not m:
@@ -242,6 +244,8 @@ def parse_log(text: str) -> list[dict[str, Any]]:
             except ValueError:
                 continue
         row["no targets"] = row["iteration"] in empty
+        if row["iteration"] in exact and "grad norm" in row:
+            row["grad norm"] = exact[row["iteration"]]  # the harness's full-precision value
         rows.append(row)
     return rows
 

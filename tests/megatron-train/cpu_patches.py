@@ -30,7 +30,12 @@ What it does (each one was needed; the notes say where each is hit):
 8. ``megatron.training.arguments.get_device_arch_version`` returns a constant (TP > 1 asks);
 9. ``megatron.training.initialize._warmup_jit_function`` is a no-op: it compiles the fused
    bias-GeLU and bias-dropout-add kernels on CUDA tensors, which a run with those fusions off
-   (``--no-bias-gelu-fusion --no-bias-dropout-fusion``, as on CPU) never calls.
+   (``--no-bias-gelu-fusion --no-bias-dropout-fusion``, as on CPU) never calls;
+10. the local layer spec's core attention (``megatron.core.models.backends.LocalSpecProvider``) is
+    ``cpu_attention.PackedAttention``: megatron-core's ``DotProductAttention`` plus packed sequences
+    (THD ``cu_seqlens``) and context parallelism over gloo, exact (keys and values gathered over the
+    CP group, documents and causality by global position), where upstream's refuses both and
+    Transformer Engine needs a GPU.
 
 ``torch.cuda.is_available()`` stays ``False``: code that asks takes its CPU path.
 """
@@ -45,7 +50,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["PINNED", "CpuPatchError", "install", "installed", "megatron_version", "kill_after_checkpoint"]
+__all__ = ["PINNED", "CpuPatchError", "install", "installed", "megatron_version", "kill_after_checkpoint",
+           "print_exact_grad_norm", "use_composed_xielu", "print_step_cpu_time"]
 
 #: megatron-core (major, minor) -> what is patched for it. 0.16 has no ``megatron.training``.
 PINNED = {(0, 19): "model, optimizer, DDP and megatron.training.pretrain", (0, 16): "model, optimizer and DDP"}
@@ -226,6 +232,10 @@ def install() -> tuple[int, int]:
     clip_mod, _ = t.get("megatron.core.optimizer.clip_grads", "clip_grad_by_total_norm_fp32")
     opt_mod, _ = t.get("megatron.core.optimizer.optimizer", "clip_grad_by_total_norm_fp32")
     helpers, _ = t.get("megatron.core.datasets.utils", "compile_helpers")
+    backends, provider = t.get("megatron.core.models.backends", "LocalSpecProvider")
+    t.get("megatron.core.transformer.dot_product_attention", "DotProductAttention")
+    if provider is not None and not hasattr(provider, "core_attention"):
+        t.missing.append("megatron.core.models.backends.LocalSpecProvider.core_attention")
     if key >= (0, 19):
         train_mod, init_fn = t.get("megatron.training.training", "initialize_megatron")
         args_mod, _ = t.get("megatron.training.arguments", "get_device_arch_version")
@@ -262,6 +272,10 @@ def install() -> tuple[int, int]:
     opt_mod.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_fp32
     # 7: dataset helpers
     helpers.compile_helpers = lambda: None
+    # 10: packed sequences and context parallelism in the local attention
+    import cpu_attention
+
+    cpu_attention.install(backends)
     if key >= (0, 19):
         # 6: initialize_megatron without CUDA (pretrain() does not pass allow_no_cuda)
         original = init_fn
@@ -311,3 +325,64 @@ def kill_after_checkpoint(iteration: int) -> None:
         return out
 
     mod.save_checkpoint_and_time = save_checkpoint_and_time
+
+
+def print_exact_grad_norm() -> None:
+    """Print every step's gradient norm to full precision (Megatron's log line rounds it to three decimals).
+
+    Wraps ``megatron.training.training.training_log`` (the launcher's wrapper goes around this one):
+    the last rank prints ``[cpu_patches] iteration N grad norm X`` with ``repr(float)``.
+    """
+    import torch.distributed as dist
+
+    t = _Targets(megatron_version()[0])
+    mod, original = t.get("megatron.training.training", "training_log")
+    t.check()
+
+    @functools.wraps(original)
+    def training_log(*args: Any, **kwargs: Any) -> Any:
+        import inspect
+
+        bound = inspect.signature(original).bind(*args, **kwargs)
+        norm = bound.arguments.get("grad_norm")
+        last = not dist.is_initialized() or dist.get_rank() == dist.get_world_size() - 1
+        if last and norm is not None:
+            print(f"[cpu_patches] iteration {int(bound.arguments['iteration'])} grad norm {float(norm)!r}", flush=True)
+        return original(*args, **kwargs)
+
+    mod.training_log = training_log
+
+
+def use_composed_xielu() -> None:
+    """Run the Apertus MLP with the composed xIELU formula instead of the fused function (the benchmark's "before")."""
+    from megatron_patches.spec import XIELU
+
+    XIELU.fused = False
+
+
+def print_step_cpu_time() -> None:
+    """Print each training step's CPU time (``time.process_time``, this rank's process) beside Megatron's wall time.
+
+    On a machine shared with other jobs the wall time per iteration swings with their load; the
+    CPU time a step takes does much less (the runs are single-threaded). The last rank prints
+    ``[cpu_patches] iteration N cpu ms X``.
+    """
+    import time
+
+    import torch.distributed as dist
+
+    t = _Targets(megatron_version()[0])
+    mod, original = t.get("megatron.training.training", "train_step")
+    t.check()
+    count = [0]
+
+    @functools.wraps(original)
+    def train_step(*args: Any, **kwargs: Any) -> Any:
+        start = time.process_time()
+        out = original(*args, **kwargs)
+        count[0] += 1
+        if not dist.is_initialized() or dist.get_rank() == dist.get_world_size() - 1:
+            print(f"[cpu_patches] iteration {count[0]} cpu ms {1000 * (time.process_time() - start):.3f}", flush=True)
+        return out
+
+    mod.train_step = train_step

@@ -55,3 +55,29 @@ def test_an_unpinned_version_is_refused() -> None:
         cpu_patches.install()
     """)
     assert out.returncode != 0 and "written for megatron-core 0.19.x, 0.16.x, not 0.20.1" in out.stderr
+
+
+def test_the_packed_attention_is_exact_per_rank() -> None:
+    """The harness's THD attention against a dense causal document mask, whole and as each CP rank computes it."""
+    import numpy as np
+    import torch
+    from cpu_attention import packed_attention, reference_attention
+
+    from apertus_plugins.core.packing import cp_partition_indices, pad_to_multiple
+
+    g = torch.Generator().manual_seed(0)
+    for cp in (1, 2, 4):
+        lengths = pad_to_multiple([5, 17, 3, 30, 9], 2 * cp)
+        cu = np.concatenate([[0], np.cumsum(lengths)])
+        t = int(cu[-1])
+        q, k, v = (torch.randn(t, heads, 8, generator=g, dtype=torch.float64) for heads in (4, 2, 2))
+        documents = np.repeat(np.arange(lengths.size), lengths)
+        want = reference_attention(q, k, v, documents, scale=0.3)
+        whole = packed_attention(q, k, v, cu, np.arange(t), np.arange(t), 0.3)
+        assert torch.allclose(whole, want, rtol=0, atol=1e-12)
+        # each rank: its queries (chunks r and 2cp-1-r of every document) against the keys gathered in rank order
+        order = np.concatenate([cp_partition_indices(cu, cp, r) for r in range(cp)])
+        for r in range(cp):
+            mine = cp_partition_indices(cu, cp, r)
+            got = packed_attention(q[mine], k[order], v[order], cu, mine, order, 0.3)
+            assert torch.allclose(got, want[mine], rtol=0, atol=1e-12), (cp, r)

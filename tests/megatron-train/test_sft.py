@@ -59,3 +59,27 @@ def test_empty_steps_error(data: Data, tmp_path: Path) -> None:
     run = torchrun(sft_args(data, "--apertus-empty-steps", "error"), cwd=tmp_path, check=False)
     assert run.returncode != 0
     assert "holds no loss target" in run.log and "--apertus-empty-steps error" in run.log
+
+
+def test_a_step_without_targets_logs_no_other_steps_loss(data: Data, tmp_path: Path) -> None:
+    """The first iteration trains, the second has no target (the text weight is 0 at step 1), the next two train.
+
+    With ``--log-interval 1`` the second line shows no loss (Megatron 0.19 keeps the first line's
+    accumulators, so it used to show the first step's loss as its own) and every other line its own
+    step's; with ``--log-interval 2`` the line of steps 1-2 averages the one step that trained and
+    the line of steps 3-4 both.
+    """
+    flags = [*model_flags(seq=256), *train_flags(data, iters=4, mbs=1, gbs=2), "--data-path", data.sft,
+             "--apertus-sft-data", data.sft, "--apertus-sft-oversize", "split",
+             "--apertus-modality-weight", "text=0:1,1:0,2:1"]
+    every = torchrun(flags, cwd=tmp_path)
+    assert [r["no targets"] for r in every.rows] == [False, True, False, False]
+    lines = {r["iteration"]: r for r in every.rows}
+    assert "lm loss" not in lines[2] and "text loss" not in lines[2] and "grad norm" not in lines[2], lines[2]
+    loss = every.losses()
+    assert sorted(loss) == [1, 3, 4] and len(set(loss.values())) == 3, loss
+    pairs = torchrun([*flags, "--log-interval", "2"], cwd=tmp_path)
+    paired = pairs.losses()
+    assert sorted(paired) == [1, 2, 4], paired
+    assert paired[1] == paired[2] == loss[1]  # the first line previews step 1; steps 1-2 trained only step 1
+    assert abs(paired[4] - (loss[3] + loss[4]) / 2) <= 2e-6 * abs(paired[4])

@@ -106,3 +106,65 @@ def test_missing_checkout_and_gpu(smoke: ModuleType, tmp_path: Path, monkeypatch
     monkeypatch.setenv("MEGATRON_LM", str(checkout))
     assert smoke.main(["run", "--out", str(tmp_path / "o")]) == 1  # this machine has no CUDA
     assert "no CUDA device" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ the context-parallel check
+@pytest.fixture(scope="module")
+def cp_check() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("megatron_context_parallel",
+                                                  ROOT / "benchmarks" / "gpu" / "megatron_context_parallel.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_cp_check_flags_build_packed_samples(cp_check: ModuleType, run_data: dict[str, Any], tmp_path: Path,
+                                             process_group: None) -> None:
+    """The check's flags parse, pass the preflight, and build samples whose documents split over 2 CP ranks."""
+    from apertus_plugins.core.packing import cp_partition_indices
+    from megatron_patches.dataset import ApertusDatasetConfig, build_datasets
+
+    parser = add_apertus_args(argparse.ArgumentParser())
+    for flag in ("--data-path", "--seq-length", "--seed"):
+        parser.add_argument(flag, nargs="+" if flag == "--data-path" else None)
+    parser.add_argument("--context-parallel-size", type=int, default=1)
+    flags = cp_check.megatron_flags(run_data)
+    args, rest = parser.parse_known_args([*flags, "--context-parallel-size", "2"])
+    assert "--transformer-impl" in rest and "transformer_engine" in rest and "--bf16" in rest
+    opts = options_from_args(args)
+    assert opts.packed_sequences and opts.pad_multiple == 4 and opts.goldfish is not None
+    prefixes = args.data_path[1::2]
+    preflight(opts, data_prefixes((prefixes, None), None), embedding_rows=opts.embedding_rows)
+    config = ApertusDatasetConfig(random_seed=1, sequence_length=int(args.seq_length),
+                                  blend=(prefixes, [float(w) for w in args.data_path[0::2]]), split="100,0,0",
+                                  tokenizer=null_tokenizer(run_data["vocab"]), path_to_cache=str(tmp_path / "cache"),
+                                  apertus=opts)
+    train = build_datasets(config, [8, 0, 0])[0]
+    for i in range(8):
+        cu = train[i]["cu_seqlens"].numpy()
+        assert cu.size > 2  # several documents per sequence
+        halves = [cp_partition_indices(cu, 2, r) for r in (0, 1)]
+        assert sorted(halves[0].tolist() + halves[1].tolist()) == list(range(int(args.seq_length)))
+
+
+def test_cp_check_comparison_and_errors(cp_check: ModuleType, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    one = [{"iteration": 1.0, "lm loss": 7.0, "text loss": 7.1}, {"iteration": 2.0, "lm loss": 6.0, "text loss": 6.1}]
+    near = [{"iteration": 1.0, "lm loss": 7.01, "text loss": 7.1}, {"iteration": 2.0, "lm loss": 6.0, "text loss": 6.12}]
+    result = cp_check.compare(one, near, 2e-2)
+    assert result["iterations"] == 2 and result["max relative difference"]["lm loss"] == pytest.approx(0.01 / 7)
+    with pytest.raises(cp_check.CpCheckError, match="iteration 2: text loss 6.100000 at CP=1, 7.000000 at CP=2"):
+        cp_check.compare(one, [near[0], {"iteration": 2.0, "lm loss": 6.0, "text loss": 7.0}], 2e-2)
+    with pytest.raises(cp_check.CpCheckError, match="different iterations"):
+        cp_check.compare(one, one[:1], 2e-2)
+    with pytest.raises(cp_check.CpCheckError, match="iteration 1: CP=1 logged"):
+        cp_check.compare(one, [{"iteration": 1.0, "lm loss": 7.0}, one[1]], 2e-2)
+    assert cp_check.main(["run", "--out", str(tmp_path / "o")]) == 1  # this machine has no GPU
+    assert "needs two CUDA GPUs, found 0" in capsys.readouterr().err
+    monkeypatch.delenv("MEGATRON_LM", raising=False)
+    from megatron_patches.version import require_supported
+
+    if require_supported() == (0, 16):  # no megatron.training in the 0.16 wheel
+        with pytest.raises(cp_check.CpCheckError, match="set MEGATRON_LM"):
+            cp_check.training_script(None)

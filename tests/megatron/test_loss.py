@@ -166,3 +166,33 @@ def test_cross_document_settings(tokenizer_dir: Path) -> None:
     packed = options(tokenizer_dir, "--apertus-packed-sequences")
     assert "--micro-batch-size 1" in cross_document_problems(SimpleNamespace(**local), packed)[0]
     assert cross_document_problems(SimpleNamespace(**{**local, "micro_batch_size": 1}), packed) == []
+    # context parallelism splits every sample: only cu_seqlens keep documents apart there
+    cp = cross_document_problems(SimpleNamespace(**{**local, "context_parallel_size": 2}), opts)
+    assert cp and "--context-parallel-size 2" in cp[0] and "--apertus-packed-sequences" in cp[0]
+    assert cross_document_problems(SimpleNamespace(**{**local, "micro_batch_size": 1, "context_parallel_size": 2}),
+                                   packed) == []
+
+
+def test_a_packed_sample_split_over_context_parallel_ranks() -> None:
+    """``batch_on_this_cp_rank`` slices every per-token key with the same indices (TE's THD split): the ranks'
+    parts put back together are the sample, and labels, masks, modalities and positions stay on their tokens."""
+    from megatron_patches.training import CP_SPLIT_KEYS, batch_on_this_cp_rank
+
+    cu = torch.tensor([[0, 8, 12, 24]], dtype=torch.int32)  # documents padded to multiples of 4 (CP = 2)
+    s = 24
+    tokens = torch.arange(100, 100 + s)[None]
+    batch = {"tokens": tokens, "labels": tokens + 1, "loss_mask": (tokens % 3 != 0).float(),
+             "modality": tokens % 4, "position_ids": torch.cat([torch.arange(8), torch.arange(4), torch.arange(12)])[None],
+             "cu_seqlens": cu, "cu_seqlens_host": cu, "max_seqlen": torch.tensor([12])}
+    parts = [batch_on_this_cp_rank(batch, 2, r) for r in (0, 1)]
+    # rank 0 holds chunks 0 and 3 of each document, rank 1 chunks 1 and 2 (chunks of 2, 1 and 3 tokens)
+    assert parts[0]["tokens"][0].tolist() == [100, 101, 106, 107, 108, 111, 112, 113, 114, 121, 122, 123]
+    assert parts[1]["tokens"][0].tolist() == [102, 103, 104, 105, 109, 110, 115, 116, 117, 118, 119, 120]
+    for part in parts:
+        idx = part["tokens"][0] - 100
+        for key in CP_SPLIT_KEYS:
+            assert torch.equal(part[key][0], batch[key][0][idx]), key
+        assert part["cu_seqlens"] is cu  # the attention reads the whole layout
+    assert batch_on_this_cp_rank(batch, 1, 0) is batch
+    with pytest.raises(ValueError, match="not a multiple of 2 \\* cp = 4"):
+        batch_on_this_cp_rank({**batch, "cu_seqlens_host": torch.tensor([[0, 6, 24]])}, 2, 0)

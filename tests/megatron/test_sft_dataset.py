@@ -26,10 +26,11 @@ from conftest import CONVERSATIONS, encode_conversations, null_tokenizer, write_
 from apertus_plugins.core.packing import packed_layout_from_eod
 from apertus_plugins.core.targets import pretraining_targets, sft_mask
 from apertus_plugins.core.vocab import VocabSpec
+from apertus_plugins.data.indexed import IndexedDatasetWriter, optimal_dtype
 from apertus_plugins.data.manifest import write_manifest
 from megatron_patches.arguments import add_apertus_args, options_from_args
 from megatron_patches.dataset import ApertusDataset, ApertusDatasetConfig, build_datasets
-from megatron_patches.errors import PreflightError, SftPackingError
+from megatron_patches.errors import ApertusArgumentError, PreflightError, SftPackingError
 from megatron_patches.training import data_prefixes, preflight
 
 SEQ = 256
@@ -347,3 +348,99 @@ def test_conversations_tokenized_as_written(data: dict[str, Any], tokenizer_dir:
     want = encode_conversations(tokenizer_dir, CONVERSATIONS) * 6
     assert len(ds) == len(want)
     assert all(ds[i].tolist() == w.tolist() for i, w in enumerate(want))
+
+
+# ------------------------------------------------------------------------------ context parallelism, long samples
+def test_documents_padded_for_context_parallelism(data: dict[str, Any], tokenizer_dir: Path, spec: VocabSpec,
+                                                  process_group: None) -> None:
+    """With a padding multiple (2 x CP) every packed document fills a multiple of it; the targets are unchanged."""
+    flags = ("--apertus-sft-data", data["sft"], "--apertus-packed-sequences", "--apertus-pad-to-multiple", "8")
+    ds = build_datasets(make_config(data, options(tokenizer_dir, *flags), spec, blend=([data["sft"]], None),
+                                    create_attention_mask=True), [None, None, None])[0]
+    known = {tuple(c.tolist()): sft_mask(c, spec) for c in data["convs"]}
+    docs = 0
+    for i in range(ds.num_bins):
+        s = ds[i]
+        assert "attention_mask" not in s  # cu_seqlens replace the [S, S] mask
+        cu, pos = s["cu_seqlens"].numpy(), s["position_ids"].numpy()
+        tokens, labels, keep = s["tokens"].numpy(), s["labels"].numpy(), s["loss_mask"].numpy()
+        assert cu[0] == 0 and cu[-1] == SEQ and np.all(np.diff(cu) % 8 == 0)
+        assert cu[:-1].tolist() == np.flatnonzero(pos == 0).tolist() and int(s["max_seqlen"]) == np.diff(cu).max()
+        for a, b in zip(cu[:-1], cu[1:], strict=True):
+            seg = tokens[a:b]
+            real = seg[seg != spec.pad_id]
+            if real.size == 0:
+                assert not keep[a:b].any()
+                continue
+            n = real.size
+            assert np.all(seg[n:] == spec.pad_id) and b - a - n < 8  # padding after the document, less than 8
+            want = known[tuple(real.tolist())]
+            assert keep[a:a + n - 1].tolist() == want.astype(np.float32).tolist()
+            assert not keep[a + n - 1:b].any() and np.array_equal(labels[a:a + n - 1], real[1:])
+            docs += 1
+    assert docs >= len(data["convs"]) // 2
+    # a pretraining prefix cut as Megatron cuts it cannot be split per document: refused, naming the way out
+    with pytest.raises(SftPackingError, match="name it in --apertus-bfd-data"):
+        build_datasets(make_config(data, options(tokenizer_dir, *flags), spec, blend=([data["pre"]], None)),
+                       [None, None, None])
+    problems = pytest.raises(PreflightError, match="every prefix must be packed")
+    with problems:
+        preflight(options(tokenizer_dir, *flags), [data["pre"], data["sft"]], embedding_rows=2048)
+
+
+def test_cp_options(tokenizer_dir: Path) -> None:
+    def opts(*flags: str) -> Any:
+        parser = add_apertus_args(argparse.ArgumentParser())
+        parser.add_argument("--context-parallel-size", type=int, default=1)
+        return options_from_args(parser.parse_args(["--apertus-tokenizer", str(tokenizer_dir), *flags]))
+
+    assert opts("--apertus-packed-sequences", "--context-parallel-size", "4").pad_multiple == 8
+    assert opts("--apertus-packed-sequences").pad_multiple == 1
+    assert opts("--apertus-packed-sequences", "--apertus-pad-to-multiple", "4").pad_multiple == 4
+    with pytest.raises(ApertusArgumentError, match="must be a multiple of 8"):
+        opts("--apertus-packed-sequences", "--context-parallel-size", "4", "--apertus-pad-to-multiple", "12")
+    with pytest.raises(ApertusArgumentError, match="pass --apertus-packed-sequences"):
+        opts("--apertus-pad-to-multiple", "4")
+
+
+@pytest.mark.parametrize("multiple", [1, 32])
+def test_a_262144_token_sample_takes_linear_memory(tmp_path: Path, tokenizer_dir: Path, spec: VocabSpec,
+                                                   multiple: int, process_group: None) -> None:
+    """One long-context SFT sample (262,144 tokens, several conversations, Goldfish on): no [S, S] object.
+
+    The peak of the allocations made while building the sample (numpy, traced) stays under 64 MiB
+    beyond its tokens, where an [S, S] mask alone would take 64 GiB; every returned tensor is
+    linear in S.
+    """
+    import tracemalloc
+
+    from apertus_plugins.core.release import CONTEXT_LENGTH
+
+    seq = CONTEXT_LENGTH
+    turns = [{"role": "user", "content": "Summarise the report. " * 40},
+             {"role": "assistant", "content": "The report describes long-context training. " * 120}]
+    base = encode_conversations(tokenizer_dir, [turns * 6])[0]
+    prefix = tmp_path / "long"
+    with IndexedDatasetWriter(prefix, optimal_dtype(spec.size)) as w:
+        for k in range(int(1.2 * seq / base.size) + 2):
+            w.add_document(base[: base.size - 7 * (k % 5)] if k % 5 else base)
+    flags = ["--apertus-sft-data", str(prefix), "--apertus-packed-sequences", "--apertus-goldfish-k", "50",
+             "--apertus-goldfish-sft"]
+    if multiple > 1:
+        flags += ["--apertus-pad-to-multiple", str(multiple)]
+    config = ApertusDatasetConfig(random_seed=1, sequence_length=seq, blend=([str(prefix)], None), split="100,0,0",
+                                  tokenizer=null_tokenizer(spec.size), create_attention_mask=True,
+                                  path_to_cache=str(tmp_path / "cache"), apertus=options(tokenizer_dir, *flags))
+    ds = build_datasets(config, [None, None, None])[0]
+    ds[0]  # warm caches (tables, the index)
+    tracemalloc.start()
+    sample = ds[1]
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    tokens_bytes = (seq + 1) * 8
+    assert peak - tokens_bytes < 64 * 2**20, f"peak {peak / 2**20:.1f} MiB"
+    assert all(v.numel() <= seq + 1 for v in sample.values()), {k: v.shape for k, v in sample.items()}
+    assert "attention_mask" not in sample and sample["tokens"].numel() == seq
+    assert int(np.diff(sample["cu_seqlens"].numpy()).size) >= 2  # several conversations in the sample
+    assert 0 < float(sample["loss_mask"].sum()) < seq
+    print(f"262,144-token SFT sample (multiple {multiple}): peak {peak / 2**20:.1f} MiB of numpy allocations")

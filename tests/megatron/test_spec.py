@@ -126,3 +126,75 @@ def test_weight_decay_on_every_parameter(process_group: None) -> None:
     assert len(settings) == len(set(settings)) and len(groups) < len(param_groups(model, "megatron"))
     skipped = [p for g in param_groups(model, "megatron") if g["wd_mult"] == 0.0 for p in g["params"]]
     assert any(p is alpha for p in skipped) and any(p is norm for p in skipped)  # upstream skips them
+
+
+# ------------------------------------------------------------------------------ the fused xIELU
+def _saved_activation_bytes(module: torch.nn.Module, x: torch.Tensor) -> int:
+    """Bytes of the distinct non-parameter tensors autograd keeps for the backward pass of ``module(x)`` (scalars,
+    such as xIELU's alpha, beta and eps, are not activations and are left out)."""
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params and t.numel() > 1:
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(x)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_xielu_equals_the_formula_bit_for_bit(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(5, 3, 70_000, generator=g) * 3).to(dtype)  # several blocks, a partial last one
+    x.view(-1)[:4] = torch.tensor([0.0, xielu.EPS, -0.0, 1e-30]).to(dtype)  # the branch points themselves
+    p, n = xielu.initial_parameters(dtype)
+    p, n = (p + 0.3).requires_grad_(), (n - 0.2).requires_grad_()
+    beta, eps = torch.tensor(xielu.BETA, dtype=dtype), torch.tensor(xielu.EPS, dtype=dtype)
+    grad = torch.randn(x.shape, generator=g).to(dtype)
+    outs = []
+    for fn in (xielu.xielu, xielu.xielu_fused):
+        xi = x.clone().requires_grad_()
+        y = fn(xi, p, n, beta, eps)
+        outs.append((y, *torch.autograd.grad(y, (xi, p, n), grad)))
+    for a, b in zip(*outs, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_apertus_mlp_keeps_no_more_activations_than_gelu(process_group: None) -> None:
+    """Measured: the Apertus MLP (fused xIELU) keeps what megatron-core's GeLU MLP keeps for backward; the composed
+    formula kept over three more activation-sized tensors. Outputs and gradients are the same either way."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.spec_utils import build_module
+
+    cfg = transformer_config(SHAPE)
+    apertus = build_cpu_model(SHAPE).decoder.layers[0].mlp
+    gelu_cfg = transformer_config(SHAPE)
+    gelu_cfg.activation_func = torch.nn.functional.gelu
+    gelu = build_module(get_gpt_layer_local_spec().submodules.mlp, config=gelu_cfg)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for module in (apertus, gelu):
+            for q in module.parameters():
+                q.copy_(torch.randn(q.shape, generator=g) * 0.2)
+    x = torch.randn(64, 2, cfg.hidden_size, generator=g)
+    fused = _saved_activation_bytes(apertus, x)
+    stock = _saved_activation_bytes(gelu, x)
+    apertus.activation_func.fused = False
+    try:
+        composed = _saved_activation_bytes(apertus, x)
+        want = apertus(x)[0]
+        want_grads = torch.autograd.grad(want.square().sum(), list(apertus.parameters()))
+    finally:
+        apertus.activation_func.fused = True
+    got = apertus(x)[0]
+    got_grads = torch.autograd.grad(got.square().sum(), list(apertus.parameters()))
+    assert torch.equal(got, want) and all(torch.equal(a, b) for a, b in zip(got_grads, want_grads, strict=True))
+    ffn_tensor = 64 * 2 * cfg.ffn_hidden_size * 4
+    assert fused <= stock, (fused, stock)
+    assert composed >= stock + 3 * ffn_tensor, (composed, stock)
+    print(f"MLP activations kept for backward: GeLU {stock / 2**10:.0f} KiB, xIELU fused {fused / 2**10:.0f} KiB, "
+          f"composed {composed / 2**10:.0f} KiB")
