@@ -178,6 +178,7 @@ HOSTILE = {
     "infinite_loop": ("while True:\n    pass", "timeout"),
     "sleeping_forever": ("import time\ntime.sleep(10**6)", "timeout"),
     "memory_bomb": ("blocks = []\nwhile True:\n    blocks.append(bytearray(64 << 20))", "memory_limit"),
+    "one_huge_allocation": ("x = bytearray(1 << 40)", "memory_limit"),
     "gigabytes_of_output": ("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", "output_limit"),
     "gigabytes_on_disk": ("i = 0\nwhile True:\n    open(f'f{i}', 'wb').write(b'x' * (8 << 20))\n    i += 1",
                           "file_limit"),
@@ -238,8 +239,7 @@ def test_limits_and_missing_tools_are_clear_errors(tmp_path):
 # ------------------------------------------------------------------------------------------ many at once
 def test_a_batch_runs_on_a_bounded_pool_in_order():
     program = "import time\nt = time.time()\ntime.sleep(0.3)\nprint(t, time.time(), input())"
-    problem = parse_ground_truth({"inputs": ["x"], "outputs": ["anything"]})
-    jobs = [(program, problem)] * 12
+    jobs = [(program, parse_ground_truth({"inputs": [f"job{i}"], "outputs": ["anything"]})) for i in range(12)]
     box = BubblewrapSandbox(limits=Limits(time_s=10), max_concurrent=3)
     runs = []
     lock = threading.Lock()
@@ -258,6 +258,7 @@ def test_a_batch_runs_on_a_bounded_pool_in_order():
     spy = Spy()
     verdicts = judge_many(spy, jobs, max_workers=8)  # more threads than sandboxes: the sandbox bounds them
     assert len(verdicts) == 12 and all(v.cases[0].verdict == "wrong_answer" for v in verdicts)
+    assert all(f"job{i}" in v.cases[0].detail for i, v in enumerate(verdicts))  # in the order of the jobs
     spans = [tuple(map(float, r.stdout.split()[:2])) for r in runs]
     events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
     running = peak = 0
@@ -289,7 +290,7 @@ def test_verls_reward_manager_scores_a_batch_with_hostile_rollouts_and_goes_on(t
     gt = json.dumps({"inputs": ["1 2\n"], "outputs": ["3\n"]})
     samples = [("apps", ADD, gt, 1.0), ("taco", fence("print(4)"), gt, 0.0), ("exact_match", "Paris", "Paris", 1.0)]
     samples += [("codecontests", fence(HOSTILE[n][0].replace("TRAINER", str(os.getpid()))), gt, 0.0)
-                for n in ("fork_bomb", "infinite_loop", "memory_bomb", "gigabytes_of_output", "kill_everything")]
+                for n in ("fork_bomb", "infinite_loop", "one_huge_allocation", "gigabytes_of_output", "kill_everything")]
 
     def item(source, text, truth):
         ids = tok(text, add_special_tokens=False)["input_ids"][:200] or [0]
