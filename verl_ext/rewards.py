@@ -32,7 +32,7 @@ from typing import Any
 
 from apertus_plugins.plugins import registry
 
-__all__ = ["CODE_DATA_SOURCES", "code_runner", "compute_score", "register_reward_manager"]
+__all__ = ["CODE_DATA_SOURCES", "code_runner", "compute_score", "register_reward_manager", "uniform_extra_info"]
 
 #: verl's data-source names of code problems (``verl.utils.reward_score.default_compute_score``): the ``code`` reward
 CODE_DATA_SOURCES = frozenset({"apps", "taco", "codecontests", "codeforces"})

@@ -130,10 +130,10 @@ class BubblewrapSandbox(CodeRunner):
                 args += ["--ro-bind", d, d]
         for extra in self.extra_ro_binds:
             args += ["--ro-bind", extra, extra]
-        usr_like = [a for a in (*SYSTEM_DIRS, *self.extra_ro_binds)]
+        bound = (*SYSTEM_DIRS, *self.extra_ro_binds)
         for path in paths:
-            if not any(path == root or path.startswith(root.rstrip("/") + "/") for root in usr_like):
-                raise SandboxUnavailable(f"{path} is not under a directory the sandbox binds ({', '.join(usr_like)}); "
+            if not any(path == root or path.startswith(root.rstrip("/") + "/") for root in bound):
+                raise SandboxUnavailable(f"{path} is not under a directory the sandbox binds ({', '.join(bound)}); "
                                          "add its prefix to extra_ro_binds")
         return args
 
