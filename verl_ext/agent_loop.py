@@ -17,10 +17,17 @@ from a closed table, so the Apertus agent loop installs its own:
 
 ``data.apply_chat_template_kwargs`` passes ``enable_thinking`` (and ``variant``) through, as for
 verl's own builder; any other key is an error naming it.
+
+Thinking per prompt (the report's mixed-thinking RL configuration, section 4.5): a prompt record's own
+``enable_thinking`` field (a column of the RL or online DPO dataset: true, false, or null/absent) decides
+for that prompt; records without it take ``data.apply_chat_template_kwargs.enable_thinking``. verl hands
+every column of a record to the agent loop, which is instantiated per sample, so each rollout's prompt is
+rendered by the core with its own flag.
 """
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -31,10 +38,25 @@ from verl.utils.tokenizer.continuous_token import ContinuousTokenBuilder
 
 from apertus_plugins.core.chat import ChatTokenizer
 
-__all__ = ["ApertusContinuousTokenBuilder", "ApertusSingleTurnAgentLoop", "chat_tokenizer_for"]
+__all__ = ["ApertusContinuousTokenBuilder", "ApertusSingleTurnAgentLoop", "THINKING_FIELD", "chat_tokenizer_for",
+           "sample_thinking"]
 
 #: chat template kwargs the core encoding takes
 TEMPLATE_KWARGS = ("enable_thinking", "variant")
+#: the prompt record's field that turns thinking on or off for that prompt
+THINKING_FIELD = "enable_thinking"
+
+
+def sample_thinking(value: Any, default: bool) -> bool:
+    """A record's thinking flag: ``true``/``false`` (also 0/1 and numpy booleans), or ``default`` when the
+    record has none (``None``, NaN: a missing value in a parquet column). Anything else is an error naming it."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return bool(default)
+    if hasattr(value, "item") and not isinstance(value, (bool, int)):  # numpy scalars
+        value = value.item()
+    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
+    raise ValueError(f"prompt record field {THINKING_FIELD!r} must be true, false or null, got {value!r}")
 
 
 @lru_cache(maxsize=8)
@@ -77,5 +99,18 @@ class ApertusSingleTurnAgentLoop(SingleTurnAgentLoop):
         super().__init__(*args, **kwargs)
         model = self.config.actor_rollout_ref.model
         path = getattr(self.tokenizer, "name_or_path", None) or model.get("tokenizer_path") or model.path
+        self._chat_tokenizer = chat_tokenizer_for(str(path))
         self.continuous_token_builder = ApertusContinuousTokenBuilder(
-            self.tokenizer, chat_tokenizer_for(str(path)), chat_template_kwargs=self.apply_chat_template_kwargs)
+            self.tokenizer, self._chat_tokenizer, chat_template_kwargs=self.apply_chat_template_kwargs)
+
+    def use_sample(self, **sample: Any) -> bool:
+        """Render this sample's prompt with its record's thinking flag (:func:`sample_thinking`); returns the flag."""
+        kwargs = dict(self.apply_chat_template_kwargs or {})
+        flag = sample_thinking(sample.get(THINKING_FIELD), bool(kwargs.get("enable_thinking", False)))
+        self.continuous_token_builder = ApertusContinuousTokenBuilder(
+            self.tokenizer, self._chat_tokenizer, chat_template_kwargs={**kwargs, "enable_thinking": flag})
+        return flag
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
+        self.use_sample(**kwargs)
+        return await super().run(sampling_params, **kwargs)

@@ -61,6 +61,8 @@ def maxmin_pairs(uids: Sequence[Any], scores: Sequence[float], min_margin: float
                  ) -> tuple[list[tuple[int, int]], dict[str, float]]:
     """One MaxMin pair per prompt: the highest-scored response chosen, the lowest rejected.
 
+    The rule is the one the offline pairs are built with (:func:`apertus_plugins.posttrain.prefs.maxmin`).
+
     Args:
         uids: prompt id of each row (rows of one prompt share it).
         scores: judge score of each row.
@@ -71,6 +73,8 @@ def maxmin_pairs(uids: Sequence[Any], scores: Sequence[float], min_margin: float
         ``(pairs, metrics)``: ``(chosen_row, rejected_row)`` in order of each prompt's first row
         (ties broken by the earlier row), and counts of prompts and skipped prompts.
     """
+    from apertus_plugins.posttrain.prefs import maxmin
+
     if len(uids) != len(scores):
         raise ValueError(f"{len(uids)} uids but {len(scores)} scores")
     groups: dict[Any, list[int]] = {}
@@ -82,12 +86,11 @@ def maxmin_pairs(uids: Sequence[Any], scores: Sequence[float], min_margin: float
         vals = [float(scores[i]) for i in rows]
         if any(math.isnan(v) for v in vals):
             raise ValueError(f"NaN judge score among rows {rows}")
-        best = rows[int(np.argmax(vals))]
-        worst = rows[int(np.argmin(vals))]
-        if len(rows) < 2 or max(vals) - min(vals) <= min_margin:
+        pick = maxmin(vals, min_margin)
+        if pick is None:
             skipped += 1
             continue
-        pairs.append((best, worst))
+        pairs.append((rows[pick[0]], rows[pick[1]]))
     return pairs, {"dpo/prompts": float(len(groups)), "dpo/pairs": float(len(pairs)),
                    "dpo/skipped_prompts": float(skipped)}
 

@@ -93,7 +93,9 @@ class ApertusHookSpecs:
 
     @hookspec
     def apertus_reward_functions(self) -> Mapping[str, Callable[..., Any]]:
-        """Return reward functions: name -> ``reward(response: str, ground_truth, **kw) -> float``."""
+        """Return reward functions: name -> ``reward(response: str, ground_truth, **kw)`` returning the reward as a
+        float, or a mapping ``{"score": float, ...}`` whose other keys are extra information (the ``code`` reward's
+        verdicts)."""
 
     @hookspec
     def apertus_commands(self) -> Mapping[str, Callable[..., Any]]:

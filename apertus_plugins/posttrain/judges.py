@@ -50,6 +50,7 @@ __all__ = [
     "JudgeResponseError",
     "JudgeUnavailableError",
     "OpenAIJudge",
+    "Rating",
     "RatingScale",
     "SAMPLE_CHARTER",
     "expected_rating",
@@ -196,6 +197,18 @@ def expected_rating(top_logprobs: Sequence[Mapping[str, Any]] | Mapping[str, flo
     return sum(v * p for v, p in probs.items()), probs
 
 
+@dataclass(frozen=True)
+class Rating:
+    """One rating: the expectation, the renormalized distribution over the scale, and what the judge answered
+    (its generated token and the log-probabilities of the scale's tokens among its alternatives)."""
+
+    value: float
+    probs: dict[int, float]
+    token: str = ""
+    digit_logprobs: dict[str, float] = field(default_factory=dict)
+    model: str = ""
+
+
 class Judge(ABC):
     """The contract of a judge backend: what SDPO, online DPO and the evaluations call.
 
@@ -261,8 +274,9 @@ class OpenAIJudge(Judge):
     Args:
         base_url: the API root, e.g. ``http://127.0.0.1:8000/v1``.
         model: the served model name.
-        charter: the charter, as text or ``@path`` of a file; required (``"@sample"`` is the short
-            sample charter shipped for tests and demos, not the Apertus charter).
+        charter: the charter, as text or ``@path`` of a file; required when a template uses ``{charter}``
+            (the default templates do; ``"@sample"`` is the short sample charter shipped for tests and demos,
+            not the Apertus charter).
         feedback_template / rating_template / pairwise_template: prompt templates (text or ``@path``).
         scale: ``(low, high)`` of the rating scale, e.g. ``(1, 5)`` or ``(0, 9)``.
         aspect: what the rating is about (``{aspect}`` in the rating template).
@@ -303,14 +317,16 @@ class OpenAIJudge(Judge):
         if not self.model:
             raise ValueError("judge model name is empty")
         self.scale = self.scale if isinstance(self.scale, RatingScale) else RatingScale(*self.scale)
-        if self.charter is None or not str(self.charter).strip():
+        self.feedback_template = _read_text(self.feedback_template, "feedback template") or ""
+        self.rating_template = _read_text(self.rating_template, "rating template") or ""
+        self.pairwise_template = _read_text(self.pairwise_template, "pairwise template") or ""
+        # the pairwise template (the charter eval's preference) is checked when it is used
+        uses_charter = any("{charter}" in t for t in (self.feedback_template, self.rating_template))
+        if uses_charter and (self.charter is None or not str(self.charter).strip()):
             raise JudgeConfigError("the judge has no charter: give the charter's text or '@path/to/charter.md' "
                                    "(apertus.judge.charter in the verl configs); '@sample' is the short sample "
                                    "charter shipped for tests and demos")
         self.charter = _read_text(self.charter, "charter")
-        self.feedback_template = _read_text(self.feedback_template, "feedback template") or ""
-        self.rating_template = _read_text(self.rating_template, "rating template") or ""
-        self.pairwise_template = _read_text(self.pairwise_template, "pairwise template") or ""
         if self.api_key is None:
             self.api_key = os.environ.get("OPENAI_API_KEY")
         if self.max_retries < 0 or self.timeout <= 0:
@@ -370,20 +386,35 @@ class OpenAIJudge(Judge):
         text = out["choices"][0].get("message", {}).get("content") or ""
         return visible_answer(text)
 
-    def rating_distribution(self, prompt: str, response: str) -> tuple[float, dict[int, float]]:
-        """``(expected rating, {value: probability})`` from the first token's log-probabilities."""
-        out = self.chat(self.rating_prompt(prompt, response), max_tokens=1, temperature=0.0, logprobs=True,
-                        top_logprobs=self.top_logprobs)
+    def rate_message(self, user: str) -> Rating:
+        """Rate with a filled-in user message: one greedy token, the scale's digits read from its log-probabilities.
+
+        The returned :class:`Rating` keeps what the judge answered (its token and the log-probabilities of
+        the scale's tokens among the alternatives) for audit.
+        """
+        out = self.chat(user, max_tokens=1, temperature=0.0, logprobs=True, top_logprobs=self.top_logprobs)
         content = ((out["choices"][0].get("logprobs") or {}).get("content")) or []
         if not content:
             raise JudgeResponseError(f"judge at {self.base_url} returned no log-probabilities; it must support "
                                      "logprobs/top_logprobs in chat completions")
-        return expected_rating(content[0].get("top_logprobs") or [], self.scale)
+        alternatives = content[0].get("top_logprobs") or []
+        value, probs = expected_rating(alternatives, self.scale)
+        digits = {str(a["token"]): float(a["logprob"]) for a in alternatives
+                  if str(a.get("token", "")).strip() in self.scale.labels}
+        return Rating(value, probs, str(content[0].get("token", "")), digits, str(out.get("model", self.model)))
+
+    def rating_distribution(self, prompt: str, response: str) -> tuple[float, dict[int, float]]:
+        """``(expected rating, {value: probability})`` from the first token's log-probabilities."""
+        rating = self.rate_message(self.rating_prompt(prompt, response))
+        return rating.value, rating.probs
 
     def rate(self, prompt: str, response: str) -> float:
         return self.rating_distribution(prompt, response)[0]
 
     def _first_of_two(self, prompt: str, first: str, second: str) -> float:
+        if "{charter}" in self.pairwise_template and (self.charter is None or not str(self.charter).strip()):
+            raise JudgeConfigError("the judge's pairwise template uses {charter} and the judge has no charter: "
+                                   "give the charter's text or '@path/to/charter.md'")
         pair = (f"<response_1>\n{first}\n</response_1>\n\n<response_2>\n{second}\n</response_2>")
         user = fill_template(self.pairwise_template, charter=self.charter, prompt=prompt, response=pair, low=1, high=2,
                              aspect=self.aspect)

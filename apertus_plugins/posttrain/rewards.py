@@ -11,6 +11,12 @@ the answer; otherwise the visible text is.
   rewritten); the ground truth is ``{"instruction_id_list": [...], "kwargs": [...]}``; the
   reward is 1.0 when every instruction is followed (``strict``) or the fraction followed.
 * ``exact_match``: normalized string equality with the gold answer (or any of several).
+* ``code``: the program in the answer (its last fenced Python block, else the whole answer) run against the
+  problem's test cases in the code sandbox (:mod:`apertus_plugins.posttrain.sandbox`): 1.0 only when every
+  case passes. It returns a mapping ``{"score": 1.0 or 0.0, "verdict": {...}}``: the verdict of every case
+  (passed, wrong_answer, runtime_error, timeout, memory_limit, output_limit, file_limit, sandbox_error,
+  skipped), the backend and the comparison rule. A reward function returns a float, or such a mapping whose
+  ``score`` is the reward and whose other keys are extra information.
 
 They register through the core's ``apertus_reward_functions`` hook, so the verl adapter (and any
 other trainer) looks them up by name.
@@ -33,6 +39,7 @@ __all__ = [
     "math_verify_reward",
     "ifeval_reward",
     "exact_match_reward",
+    "code_reward",
     "normalize_text",
 ]
 
@@ -166,13 +173,43 @@ def ifeval_reward(response: str, ground_truth: Mapping[str, Any] | str, **kw: An
     return sum(followed) / len(followed)
 
 
-REWARD_FUNCTIONS: dict[str, Callable[..., float]] = {
+def code_reward(response: str, ground_truth: Any, **kw: Any) -> dict[str, Any]:
+    """1.0 when the response's program passes every test case of ``ground_truth``, run in the code sandbox.
+
+    ``ground_truth``: any layout :func:`apertus_plugins.posttrain.sandbox.parse_ground_truth` reads (APPS/TACO
+    ``{"inputs", "outputs"[, "fn_name"]}``, CodeContests test groups, Codeforces ``official_tests``), or its JSON.
+    Keyword options: ``data_source`` (picks the output comparison: ``tokens`` for CodeContests and
+    Codeforces, ``lines`` otherwise), ``runner`` (a :class:`~apertus_plugins.posttrain.sandbox.CodeRunner`;
+    default the process's local bubblewrap sandbox, configured by ``sandbox``: a mapping of
+    :func:`~apertus_plugins.posttrain.sandbox.local_sandbox` options), ``stop_on_failure`` (default true: the
+    cases after the first failure are ``skipped``), and the answer-tool options of the other rewards.
+
+    A ground truth that cannot be read scores 0 with the parse error in the verdict (one bad record costs
+    only itself); a sandbox that cannot run at all raises
+    :class:`~apertus_plugins.posttrain.sandbox.SandboxUnavailable`.
+    """
+    from .sandbox import Verdict, extract_program, judge_program, local_sandbox
+    from .sandbox import parse_ground_truth as parse
+
+    runner = kw.get("runner") or local_sandbox(kw.get("sandbox"))
+    try:
+        problem = parse(ground_truth, data_source=kw.get("data_source"))
+    except ValueError as exc:
+        verdict = Verdict(False, [], runner.name, "", error=f"invalid code ground truth: {exc}")
+        return {"score": 0.0, "verdict": verdict.to_dict()}
+    program = extract_program(_answer(response, kw))
+    verdict = judge_program(runner, program, problem, stop_on_failure=bool(kw.get("stop_on_failure", True)))
+    return {"score": verdict.score, "verdict": verdict.to_dict()}
+
+
+REWARD_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "math_verify": math_verify_reward,
     "ifeval": ifeval_reward,
     "exact_match": exact_match_reward,
+    "code": code_reward,
 }
 
 
 @hookimpl
-def apertus_reward_functions() -> dict[str, Callable[..., float]]:
+def apertus_reward_functions() -> dict[str, Callable[..., Any]]:
     return dict(REWARD_FUNCTIONS)

@@ -49,7 +49,7 @@ def judge(tiny_checkpoint, tmp_path_factory):
             "--max-num-seqs", "8"]
     log = tmp_path_factory.mktemp("logs") / "judge-server.log"
     with VLLMServer(tiny_checkpoint, args=args, python=sys.executable, log_path=log, startup_timeout=900) as server:
-        yield {"url": server.base_url, "overrides": [
+        yield {"url": server.base_url, "model": JUDGE_MODEL, "top_logprobs": text_tokens, "overrides": [
             f"apertus.judge.base_url={server.base_url}", f"apertus.judge.model={JUDGE_MODEL}",
             f"+apertus.judge.top_logprobs={text_tokens}", "+apertus.judge.feedback_max_tokens=16",
             "apertus.judge.max_workers=8", "apertus.judge.charter=@sample"]}

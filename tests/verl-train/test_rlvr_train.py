@@ -5,8 +5,13 @@ through the Apertus agent loop, rewards from ``verl_ext.rewards`` through the ``
 RLOO advantages, DAPO group filtering on zero reward variance, the GMPO (``geo_mean``) update, the weight
 sync. Half the prompts ask an exact-match question no random model answers (reward 0 for every rollout:
 zero variance, always dropped); the other half carry an IFEval length check that random text passes or
-fails (reward variance, kept when the rollouts disagree). verl dumps the trained rollouts
-(``trainer.rollout_data_dir``), so the test sees which groups were trained and which were not.
+fails (reward variance, kept when the rollouts disagree). Code prompts (APPS and CodeContests layouts) are
+scored by the ``code`` reward in the local sandbox inside verl's reward workers (a random model writes no
+passing program: reward 0, dropped). The prompts carry their own thinking flag (the mixed-thinking
+configuration, ``+thinking=mixed``): every prompt is rendered with its record's flag. verl dumps the trained
+rollouts (``trainer.rollout_data_dir``) and, before training, the validation generations of a batch mixing
+thinking on and off, code and the other rewards (``trainer.validation_data_dir``), so the test sees which
+groups were trained, each prompt's rendering, and the sandbox's verdict of every code rollout.
 """
 
 from __future__ import annotations
@@ -22,6 +27,11 @@ from conftest import check_saved_checkpoint, hf_checkpoint
 N = 4  # rollouts per prompt
 IFEVAL = json.dumps({"instruction_id_list": ["length_constraints:number_words"],
                      "kwargs": [{"relation": "at least", "num_words": 3}]})
+APPS = json.dumps({"inputs": ["1 2\n", "5 7\n"], "outputs": ["3\n", "12\n"]})
+CODECONTESTS = json.dumps({"public_tests": {"input": ["3\n"], "output": ["6"]},
+                           "private_tests": {"input": ["4\n"], "output": ["10"]}})
+TACO_CALL = json.dumps({"inputs": [[[1, 2, 3]]], "outputs": [[6]], "fn_name": "total"})
+THINKING = "Deliberation: enabled"  # what the chat template renders in the developer turn for thinking on
 
 
 def prompts() -> list[dict]:
@@ -30,27 +40,55 @@ def prompts() -> list[dict]:
         rows.append({"prompt": [{"role": "user", "content": f"What is the code word {k}?"}],
                      "data_source": "exact_match", "ground_truth": f"unreachable-{k}-zzzz"})
         rows.append({"prompt": [{"role": "user", "content": f"Write at least three words, please ({k})."}],
-                     "data_source": "ifeval", "ground_truth": IFEVAL})
+                     "data_source": "ifeval", "ground_truth": IFEVAL, "enable_thinking": k % 2 == 0})
+        if k < 2:  # code prompts in the first batches verl draws
+            rows.append({"prompt": [{"role": "user", "content": f"Read two integers and print their sum ({k})."}],
+                         "data_source": "apps" if k == 0 else "codecontests",
+                         "ground_truth": APPS if k == 0 else CODECONTESTS, "enable_thinking": k == 1})
     return rows
+
+
+def validation() -> list[dict]:
+    """One batch mixing thinking on, off and unset (the config's default, off), code and other rewards."""
+    return [
+        {"prompt": [{"role": "user", "content": "Print the sum of two integers."}], "data_source": "apps",
+         "ground_truth": APPS, "enable_thinking": True},
+        {"prompt": [{"role": "user", "content": "Write total(xs), the sum of a list."}], "data_source": "taco",
+         "ground_truth": TACO_CALL, "enable_thinking": False},
+        {"prompt": [{"role": "user", "content": "Print n(n+1)/2 for n read from stdin."}],
+         "data_source": "codecontests", "ground_truth": CODECONTESTS, "enable_thinking": None},
+        {"prompt": [{"role": "user", "content": "Write at least three words."}], "data_source": "ifeval",
+         "ground_truth": IFEVAL, "enable_thinking": True},
+    ]
+
+
+def thinking_of(text: str, rows: list[dict]) -> bool:
+    """The record flag of the prompt whose user text is in ``text`` (a decoded prompt)."""
+    (row,) = [r for r in rows if r["prompt"][0]["content"] in text]
+    return bool(row.get("enable_thinking"))
 
 
 @pytest.fixture(scope="module")
 def rlvr_run(tiny_checkpoint, tmp_path_factory):
     work = tmp_path_factory.mktemp("rlvr")
     data = cpu_run.write_prompts(work / "prompts.parquet", prompts())
+    val = cpu_run.write_prompts(work / "validation.parquet", validation())
     run = cpu_run.main_ppo("apertus_rlvr", [
-        f"actor_rollout_ref.model.path={tiny_checkpoint}", f"data.train_files={data}", f"data.val_files={data}",
+        "+thinking=mixed",
+        f"actor_rollout_ref.model.path={tiny_checkpoint}", f"data.train_files={data}", f"data.val_files={val}",
         "data.train_batch_size=2", "data.max_prompt_length=256", "data.max_response_length=16", "data.shuffle=false",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
         f"actor_rollout_ref.rollout.n={N}", "actor_rollout_ref.rollout.calculate_log_probs=true",
         "actor_rollout_ref.actor.optim.lr=1e-3",
-        "trainer.total_training_steps=2", "trainer.val_before_train=false", "trainer.test_freq=-1",
+        "trainer.total_training_steps=2", "trainer.val_before_train=true", "trainer.test_freq=-1",
+        f"trainer.validation_data_dir={work / 'validation'}",
         "trainer.save_freq=2", "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
         f"trainer.rollout_data_dir={work / 'rollouts'}", f"trainer.default_local_dir={work / 'ckpts'}",
         *cpu_run.ROLLOUT_OVERRIDES], work)
     assert run.returncode == 0, run.tail()
+    run.validation = run.steps.pop(0)  # verl logs the validation before training as step 0
     return run
 
 
@@ -78,7 +116,10 @@ def test_rlvr_rewards_rloo_filtering_and_gmpo_update(rlvr_run):
         # two prompts per step, each with all its rollouts; only IFEval groups whose rewards differ
         assert len(groups) == 2 and all(len(g) == N for g in groups.values())
         for rows in groups.values():
-            assert all(r["gts"] == IFEVAL for r in rows), "a zero-variance exact-match group was trained"
+            assert all(r["gts"] == IFEVAL for r in rows), "a zero-variance exact-match or code group was trained"
+            # each prompt rendered with its own record's thinking flag
+            for r in rows:
+                assert (THINKING in r["input"]) is thinking_of(r["input"], prompts()), r["input"]
             scores = [r["score"] for r in rows]
             assert set(scores) == {0.0, 1.0}, scores  # the IFEval checker's verdicts, and they differ
         # the dropped groups: every exact-match prompt dispatched (and any IFEval group that agreed)
@@ -100,6 +141,34 @@ def test_rlvr_rewards_rloo_filtering_and_gmpo_update(rlvr_run):
         else:
             assert step == 2 and stale == 1, (step, stale)
     assert all(t > 0 for t in run.metric("timing_s/update_weights"))
+
+
+def test_validation_batch_mixes_thinking_and_scores_code_in_the_sandbox(rlvr_run):
+    from apertus_plugins.posttrain.sandbox import CASE_VERDICTS, parse_ground_truth
+
+    rows = [json.loads(line) for line in (rlvr_run.workdir / "validation" / "0.jsonl").read_text().splitlines()]
+    assert len(rows) == len(validation())  # one generation per prompt, before the first step
+    flags = []
+    for row in rows:
+        flag = thinking_of(row["input"], validation())
+        assert (THINKING in row["input"]) is flag, row["input"]  # a record without the flag: the default, off
+        flags.append(flag)
+    assert sorted(set(flags)) == [False, True]  # the one batch mixed both
+    code = [r for r in rows if r["gts"] != IFEVAL]
+    assert len(code) == 3
+    for row in code:
+        info = json.loads(row["reward_info"])["verdict"]
+        problem = parse_ground_truth(row["gts"])
+        assert info["backend"] == "bubblewrap" and len(info["cases"]) == len(problem.cases)
+        assert all(c["verdict"] in CASE_VERDICTS for c in info["cases"])
+        # the binary reward: 1 only when every case passed (a random model's text is no passing program)
+        assert row["score"] == (1.0 if info["passed"] else 0.0) and info["passed"] == all(
+            c["verdict"] == "passed" for c in info["cases"])
+    (ifeval,) = [r for r in rows if r["gts"] == IFEVAL]
+    assert ifeval["reward_info"] == ""  # every sample carries the same extra-info keys
+    val = rlvr_run.validation  # verl's per-data-source validation metrics, the code sources among them
+    for source in ("apps", "taco", "codecontests", "ifeval"):
+        assert f"val-core/{source}/acc/mean@1" in val, sorted(val)
 
 
 def test_saved_checkpoint_loads_merges_and_serves(rlvr_run, tiny_checkpoint, tmp_path):

@@ -160,3 +160,25 @@ def test_judge_requests_carry_the_text_as_one_user_message(chat_tokenizer):
         enc = chat_tokenizer.encode_conversation(messages, add_generation_prompt=True)
         assert forged(enc, spec) == []
         assert structure_counts(enc.ids, spec, "system_start", "user_start", "assistant_start") == [1, 1, 1]
+
+
+def test_thinking_per_prompt_record_with_the_global_default(apertus_checkpoint, chat_tokenizer):
+    """The mixed-thinking configuration: each record's enable_thinking renders its own prompt; absent -> the config's."""
+    import numpy as np
+
+    import verl_ext.plugin  # noqa: F401  (registers apertus_single_turn)
+    from verl_ext.agent_loop import sample_thinking
+
+    messages = [{"role": "user", "content": ATTACK}]
+    want = {flag: [int(i) for i in chat_tokenizer.encode_conversation(
+        messages, add_generation_prompt=True, enable_thinking=flag).ids] for flag in (False, True)}
+    assert want[True] != want[False]
+    for record, flag in (({"enable_thinking": True}, True), ({"enable_thinking": np.bool_(False)}, False),
+                         ({"enable_thinking": None}, False), ({}, False), ({"enable_thinking": float("nan")}, False)):
+        loop = _agent_loop("apertus_single_turn", apertus_checkpoint)  # verl builds one loop per sample
+        assert loop.use_sample(raw_prompt=messages, **record) is flag
+        assert _prompt_ids(loop, messages) == want[flag], record
+    # the global default (data.apply_chat_template_kwargs.enable_thinking) for records without the field
+    assert sample_thinking(None, True) is True and sample_thinking(0, True) is False
+    with pytest.raises(ValueError, match="'enable_thinking' must be true, false or null, got 'yes'"):
+        sample_thinking("yes", False)
