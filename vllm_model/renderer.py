@@ -34,6 +34,7 @@ hold up every other media request; here it delays only its own.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache, cached_property
@@ -48,16 +49,50 @@ from apertus_plugins.chat import ChatFormatError, ChatTokenizer
 from apertus_plugins.chat.template import lift_reasoning_parts
 from apertus_plugins.vocab import VocabSpec
 
-__all__ = ["Apertus1p5Renderer", "MEDIA_WORKERS_ENV"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["Apertus1p5Renderer", "MALLOC_ENV", "MEDIA_WORKERS_ENV", "return_freed_memory"]
 
 #: Threads that preprocess images for the renderer of one API server (default: the CPU count, at most 4).
 MEDIA_WORKERS_ENV = "APERTUS_MEDIA_WORKERS"
+#: Set to 0 to keep glibc's default malloc thresholds in the API server (see :func:`return_freed_memory`).
+MALLOC_ENV = "APERTUS_MMAP_THRESHOLD"
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+@cache
+def return_freed_memory() -> int:
+    """Make glibc hand large freed blocks back to the system in this (API server) process.
+
+    A decoded image is hundreds of MB in blocks of a few MB; glibc's adaptive threshold soon serves
+    such blocks from its heaps and keeps them after they are freed, so the server's memory would
+    stay at its peak after a burst of large images. A fixed mmap threshold (4 MiB, or
+    ``$APERTUS_MMAP_THRESHOLD`` bytes; 0 keeps glibc's default) maps every larger block on its own
+    and unmaps it when freed. Returns the threshold set (0: none, or not glibc).
+    """
+    import ctypes
+    import ctypes.util
+
+    threshold = int(os.environ.get(MALLOC_ENV, 4 << 20))
+    if threshold <= 0:
+        return 0
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return threshold if libc.mallopt(_M_MMAP_THRESHOLD, threshold) == 1 else 0
+    except (OSError, AttributeError):  # not glibc
+        return 0
 
 
 @cache
 def _media_pool() -> ThreadPoolExecutor:
     workers = int(os.environ.get(MEDIA_WORKERS_ENV) or min(4, os.cpu_count() or 1))
     return ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="apertus-media")
+
+
+def _discard(task: asyncio.Future) -> None:
+    """Drop what a task that nobody awaits any more ended with (its exception included)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _request_error(what: str, exc: BaseException) -> ValueError:
@@ -70,6 +105,9 @@ class Apertus1p5Renderer(HfRenderer):
     def __init__(self, config: Any, tokenizer: Any) -> None:
         super().__init__(config, tokenizer)
         self._encode_async = make_async(self._encode, executor=self._executor)
+        threshold = return_freed_memory()
+        logger.info("apertus: chat renderer in process %d; freed blocks above %d bytes go back to the system",
+                    os.getpid(), threshold)
 
     @cached_property
     def chat_tokenizer(self) -> ChatTokenizer:
@@ -150,14 +188,19 @@ class Apertus1p5Renderer(HfRenderer):
     async def render_messages_async(self, messages: list[Any], params: Any) -> tuple[list[Any], dict[str, Any]]:
         options = self._media_options(params)
         deadline = float(options["media_load_seconds"]) if options else None
-        try:
-            conversation, mm_data, mm_uuids = await asyncio.wait_for(parse_chat_messages_async(
-                lift_reasoning_parts(messages), self.model_config, content_format="openai",
-                media_io_kwargs=params.media_io_kwargs, mm_processor_kwargs=params.mm_processor_kwargs),
-                timeout=deadline)
-        except TimeoutError as exc:
+        loading = asyncio.ensure_future(parse_chat_messages_async(
+            lift_reasoning_parts(messages), self.model_config, content_format="openai",
+            media_io_kwargs=params.media_io_kwargs, mm_processor_kwargs=params.mm_processor_kwargs))
+        done, _ = await asyncio.wait({loading}, timeout=deadline)
+        if not done:
+            # refused now; the loading runs out on its own (its threads cannot be stopped) and its result
+            # is dropped when it ends: cancelling it would leave the decoded media in reference cycles
+            # until the next garbage collection
+            loading.add_done_callback(_discard)
             raise ValueError(f"Apertus 1.5 media: the request's media took longer than {deadline:g} s to fetch and "
-                             "decode (server option media_load_seconds)") from exc
+                             "decode (server option media_load_seconds)")
+        try:
+            conversation, mm_data, mm_uuids = loading.result()
         except (ValueError, VLLMClientError):
             raise
         except Exception as exc:  # noqa: BLE001 - an unreadable or unreachable media item is the request's

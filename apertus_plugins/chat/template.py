@@ -260,6 +260,8 @@ def _check_calls(calls: Any, where: str) -> None:
                 json.loads(args)
             except json.JSONDecodeError as exc:
                 raise ChatFormatError(f"{where}, call {k} ({fn['name']}): arguments are not JSON ({exc})") from exc
+            except RecursionError:
+                raise ChatFormatError(f"{where}, call {k} ({fn['name']}): arguments nested too deeply") from None
         elif not isinstance(args, dict):
             raise ChatFormatError(f"{where}, call {k} ({fn['name']}): arguments must be a JSON string or an object")
 

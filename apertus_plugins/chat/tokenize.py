@@ -346,7 +346,10 @@ class ChatTokenizer:
         except RecursionError:
             raise ChatFormatError(f"the conversation nests too deeply to render (at most {MAX_NESTING} levels of "
                                   "lists and mappings)") from None
-        return self._scan(text, media, marks)
+        try:
+            return self._scan(text, media, marks)
+        except UnicodeError as exc:  # a lone surrogate: not text any tokenizer can encode
+            raise ChatFormatError(f"the conversation holds text that is not valid Unicode ({exc})") from None
 
     def _scan(self, text: str, media: Sequence[MediaItem] | None, marks: tuple[str, str]) -> Encoded:
         ids: list[int] = []

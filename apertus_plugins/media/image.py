@@ -207,34 +207,53 @@ def _aa_blocks(in_size: int, out_size: int) -> tuple[list[tuple[int, int, int, i
 
 
 def _aa_pass(arr: np.ndarray, out_size: int, axis: int) -> np.ndarray:
-    """One separable pass of torch's uint8 antialiased bicubic along ``axis``, bit for bit.
+    """One separable pass of torch's uint8 antialiased bicubic along ``axis`` (0: rows, 1: columns) of a
+    uint8 ``[H, W, C]`` array, bit for bit.
 
     torch accumulates ``sum(pixel * weight) + 2**(prec-1)`` in int32 and shifts right by ``prec``.
     Every product and partial sum is an integer below 2**31, so float64 (exact to 2**53) gives the
     same integers in any summation order: the pass is a banded matrix product in float64, block by
-    block, over chunks of at most :data:`_CHUNK_ELEMENTS` elements (whole rows or columns).
+    block, over chunks of at most :data:`_CHUNK_ELEMENTS` elements (whole rows or columns), each
+    read in memory order.
     """
     in_size = arr.shape[axis]
     if in_size == out_size:
         return arr
     blocks, prec = _aa_blocks(in_size, out_size)
-    src = np.moveaxis(arr, axis, 0)  # [in, n, ...]: chunks run over axis 1
-    out = np.empty((out_size,) + src.shape[1:], dtype=np.uint8)
-    n = src.shape[1]
-    inner = int(np.prod(src.shape[2:], dtype=np.int64))
-    step = max(1, _CHUNK_ELEMENTS // max(1, in_size * inner))
     half = float(1 << (prec - 1))
-    for c0 in range(0, n, step):
-        c1 = min(n, c0 + step)
-        piece = np.ascontiguousarray(src[:, c0:c1], dtype=np.float64).reshape(in_size, -1)
-        acc = np.empty((out_size, piece.shape[1]), dtype=np.float64)
+    h, w, c = arr.shape
+    if axis == 0:  # [H, W*C]: output rows are combinations of input rows; chunks of columns
+        flat = arr.reshape(h, w * c)
+        out = np.empty((out_size, w * c), dtype=np.uint8)
+        step = max(1, _CHUNK_ELEMENTS // in_size)
+        for c0 in range(0, w * c, step):
+            piece = flat[:, c0:c0 + step].astype(np.float64)
+            acc = np.empty((out_size, piece.shape[1]), dtype=np.float64)
+            for o0, o1, lo, hi, m in blocks:
+                np.matmul(m, piece[lo:hi], out=acc[o0:o1])
+            out[:, c0:c0 + step] = _rounded(acc, half, prec)
+        return out.reshape(out_size, w, c)
+    # axis 1: [rows*C, W] @ weights.T, a chunk of whole rows at a time
+    out = np.empty((h, out_size, c), dtype=np.uint8)
+    step = max(1, _CHUNK_ELEMENTS // (in_size * c))
+    for r0 in range(0, h, step):
+        rows = arr[r0:r0 + step]
+        piece = np.empty((rows.shape[0], c, w), dtype=np.float64)
+        piece[...] = rows.transpose(0, 2, 1)
+        piece = piece.reshape(-1, w)
+        acc = np.empty((piece.shape[0], out_size), dtype=np.float64)
         for o0, o1, lo, hi, m in blocks:
-            np.matmul(m, piece[lo:hi], out=acc[o0:o1])
-        acc += half
-        res = acc.astype(np.int64) >> prec
-        np.clip(res, 0, 255, out=res)
-        out[:, c0:c1] = res.reshape((out_size, c1 - c0) + src.shape[2:])
-    return np.moveaxis(out, 0, axis)
+            acc[:, o0:o1] = piece[:, lo:hi] @ m.T
+        out[r0:r0 + step] = _rounded(acc, half, prec).reshape(rows.shape[0], c, out_size).transpose(0, 2, 1)
+    return out
+
+
+def _rounded(acc: np.ndarray, half: float, prec: int) -> np.ndarray:
+    """torch's rounding of the fixed-point sums: ``(sum + 2**(prec-1)) >> prec``, clamped to uint8."""
+    acc += half
+    res = acc.astype(np.int64) >> prec
+    np.clip(res, 0, 255, out=res)
+    return res.astype(np.uint8)
 
 
 def _torch_aa_bicubic(rgb: np.ndarray, size: tuple[int, int]) -> np.ndarray:

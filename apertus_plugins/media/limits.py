@@ -141,7 +141,7 @@ def check_audio_header(frames: int, sample_rate: float, channels: int = 1, limit
         raise AudioError(f"{name}: invalid sample rate {sample_rate!r} (a whole number of Hz)")
     rate = int(sample_rate)
     if not lim.min_sample_rate <= rate <= lim.max_sample_rate:
-        raise AudioError(f"{name}: sample rate {rate} Hz is outside the accepted {lim.min_sample_rate:,} to "
+        raise AudioError(f"{name}: sample rate {rate:,} Hz is outside the accepted {lim.min_sample_rate:,} to "
                          f"{lim.max_sample_rate:,} Hz (media limits min_sample_rate, max_sample_rate)")
     if channels <= 0 or channels > lim.max_channels:
         raise AudioError(f"{name}: {channels} channels; between 1 and {lim.max_channels} are accepted "
@@ -172,7 +172,7 @@ def check_audio_samples(wave: np.ndarray, limits: MediaLimits | None = None, nam
         big = np.abs(flat.astype(np.float64)) > lim.max_abs_sample
     if bad.any():
         k = int(np.flatnonzero(bad)[0])
-        raise AudioError(f"{name}: {int(bad.sum()):,} non-finite sample(s) (the first, {flat[k]!r}, at index {k}); "
+        raise AudioError(f"{name}: {int(bad.sum()):,} non-finite sample(s) (the first, {float(flat[k])}, at index {k}); "
                          "audio samples must be finite numbers")
     if big.any():
         k = int(np.flatnonzero(big)[0])

@@ -104,3 +104,14 @@ def test_parsing_a_parsed_clip_changes_nothing(processor):
         once = processor.info.parse_mm_data({"audio": [(wave, rate)]})["audio"].get(0)
         twice = processor.info.parse_mm_data({"audio": [once]})["audio"].get(0)
         assert once.dtype == np.float32 and np.array_equal(once, twice)
+
+
+def test_limits_are_server_options_a_request_cannot_change(processor):
+    from vllm_model.processing import SERVER_OPTIONS
+
+    opts = processor.info.options({})
+    assert {k: opts[k] for k in SERVER_OPTIONS} == SERVER_OPTIONS  # the defaults: core limits, 60 s clips
+    assert processor.info.options({"max_image_pixels": SERVER_OPTIONS["max_image_pixels"]})  # unchanged: fine
+    for key, value in (("max_image_pixels", 10**12), ("max_abs_sample", 1e38), ("max_audio_seconds", 3600)):
+        with pytest.raises(ValueError, match=f"^{key}: a server option"):
+            processor.info.options({key: value})
