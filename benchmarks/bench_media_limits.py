@@ -15,8 +15,8 @@ Run in the vllm environment (``python3 tools/dev.py run vllm python benchmarks/b
    above the limit (refused from its header).
 2. Served (``vllm serve`` with the plugin, 4,096 tokens of context: a maximal image's 7,817 ids do not
    fit, so it is refused after it was processed and the CPU engine's encoder never runs): a 64 x 48
-   image request's latency alone (median of 5) and while a maximal image is processed (the worst of
-   the requests sent meanwhile), the maximal request's own time, and the API server's RSS before a
+   image request's latency alone (median of 5) and while a maximal image is processed (the median and
+   the worst of the requests sent one after the other meanwhile), the maximal request's own time, and the API server's RSS before a
    burst of 6 concurrent maximal images, right after it and 10 s later.
 
 Run it from another checkout (``PYTHONPATH=OLD_TREE python benchmarks/bench_media_limits.py``) to
@@ -197,11 +197,13 @@ def served(workdir: Path) -> dict:
         right_after = _rss_mib(pid)
         time.sleep(10)
         later = _rss_mib(pid)
-    out = {"small_alone_s": alone, "small_during_max_s": max(during), "small_during_requests": len(during),
+    out = {"small_alone_s": alone, "small_during_max_s": max(during), "small_during_median_s": statistics.median(during),
+           "small_during_requests": len(during),
            "maximal_request_s": result["big"][1], "maximal_status": result["big"][0], "burst_statuses": statuses,
            "rss_before_mib": before, "rss_after_burst_mib": right_after, "rss_10s_later_mib": later}
-    print(f"small image alone {alone:.2f} s | while a maximal image is processed: worst {max(during):.2f} s of "
-          f"{len(during)} requests | the maximal request {result['big'][1]:.2f} s (status {result['big'][0]})")
+    print(f"small image alone {alone:.2f} s | while a maximal image is processed: median {statistics.median(during):.2f} s, "
+          f"worst {max(during):.2f} s of {len(during)} requests | the maximal request {result['big'][1]:.2f} s "
+          f"(status {result['big'][0]})")
     print(f"API server RSS: {before:.0f} MiB before a burst of 6 maximal images, {right_after:.0f} MiB right after, "
           f"{later:.0f} MiB 10 s later (statuses {sorted(set(statuses))})")
     return out

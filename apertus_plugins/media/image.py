@@ -333,10 +333,10 @@ def _decode(img: Any, draft: tuple[int, int] | None, name: str) -> tuple[Any, bo
             img.draft("RGB", draft)
         img.load()
         stored = img.size
-        out = ImageOps.exif_transpose(img)
+        ImageOps.exif_transpose(img, in_place=True)  # no copy of an image that needs no turn
     except Exception as exc:  # noqa: BLE001 - truncated or corrupt data, broken EXIF: the item is bad input
         raise ImageError(f"{name}: not a readable image ({type(exc).__name__}: {exc})") from exc
-    return out, out.size != stored
+    return img, img.size != stored
 
 
 def _open(source: Any, limits: MediaLimits | None = None) -> Any:

@@ -18,6 +18,7 @@ import concurrent.futures as cf
 import io
 import json
 import socket
+import statistics
 import threading
 import time
 
@@ -388,7 +389,9 @@ def test_a_small_image_is_not_held_up_by_a_maximal_one(srv):
             during.append(seconds)
         status, body, big_seconds = big.result()
     assert_client_error(status, body, "maximum context length")  # processed whole, then too long
-    assert max(during) < alone + 3.0, (alone, during, big_seconds)
+    # queued behind the maximal image (as before: one multimodal thread per API server) a small request
+    # waited for all of its processing (tens of seconds); bounds generous for a busy shared machine
+    assert statistics.median(during) < alone + 2.0 and max(during) < alone + 10.0, (alone, during, big_seconds)
 
 
 def test_memory_returns_after_a_burst_of_maximal_images(srv):
