@@ -5,8 +5,9 @@ Run in the vllm environment (``python3 tools/dev.py run vllm python benchmarks/b
 ``--skip-served`` for the in-process part alone, which the core environment runs too). In one run:
 
 1. Processing (each measurement in its own child process: wall and CPU seconds, the CPU time being
-   what a loaded machine does not blur, and the peak RSS it added): the largest image the default limits accept (8192 x 8192 = 67,108,864 pixels; a uniform PNG
-   of about 1 MB and a photo-like JPEG), bytes to ``pixel_values``:
+   what a loaded machine does not blur, and the peak RSS it added): the largest image the default
+   limits accept (8192 x 8192 = 67,108,864 pixels; a uniform PNG of about 1 MB and a photo-like
+   JPEG), bytes to ``pixel_values``:
    ``before``: the pipeline before the limits (decode everything, then the exact resize on every
    pixel, as an int32 tap loop over a copy of the whole image; kept here as the reference);
    ``after``: :func:`apertus_plugins.media.image.preprocess_image` (the header checked first, a JPEG
@@ -16,11 +17,13 @@ Run in the vllm environment (``python3 tools/dev.py run vllm python benchmarks/b
 2. Served (``vllm serve`` with the plugin, 4,096 tokens of context: a maximal image's 7,817 ids do not
    fit, so it is refused after it was processed and the CPU engine's encoder never runs): a 64 x 48
    image request's latency alone (median of 5) and while a maximal image is processed (the median and
-   the worst of the requests sent one after the other meanwhile), the maximal request's own time, and the API server's RSS before a
-   burst of 6 concurrent maximal images, right after it and 10 s later.
+   the worst of the requests sent one after the other meanwhile), the maximal request's own time, and
+   the API server's RSS at the start, before a burst of 6 concurrent maximal images, right after it
+   and 10 s later.
 
-Run it from another checkout (``PYTHONPATH=OLD_TREE python benchmarks/bench_media_limits.py``) to
-serve that tree's plugin; the ``before`` column of part 1 is always the reference pipeline above.
+Run it with another checkout first on ``PYTHONPATH`` (``PYTHONPATH=OLD_TREE python
+benchmarks/bench_media_limits.py --skip-processing``) to measure that tree's server; the ``before``
+column of part 1 is always the reference pipeline above.
 """
 
 from __future__ import annotations
@@ -181,6 +184,7 @@ def served(workdir: Path) -> dict:
             return status, time.perf_counter() - start
 
         chat(small)
+        start_rss = _rss_mib(srv.proc.pid)
         alone = statistics.median(chat(small)[1] for _ in range(5))
         result: dict = {}
         big = threading.Thread(target=lambda: result.setdefault("big", chat(maximal)))
@@ -200,12 +204,13 @@ def served(workdir: Path) -> dict:
     out = {"small_alone_s": alone, "small_during_max_s": max(during), "small_during_median_s": statistics.median(during),
            "small_during_requests": len(during),
            "maximal_request_s": result["big"][1], "maximal_status": result["big"][0], "burst_statuses": statuses,
-           "rss_before_mib": before, "rss_after_burst_mib": right_after, "rss_10s_later_mib": later}
+           "rss_start_mib": start_rss, "rss_before_mib": before, "rss_after_burst_mib": right_after, "rss_10s_later_mib": later}
     print(f"small image alone {alone:.2f} s | while a maximal image is processed: median {statistics.median(during):.2f} s, "
           f"worst {max(during):.2f} s of {len(during)} requests | the maximal request {result['big'][1]:.2f} s "
           f"(status {result['big'][0]})")
-    print(f"API server RSS: {before:.0f} MiB before a burst of 6 maximal images, {right_after:.0f} MiB right after, "
-          f"{later:.0f} MiB 10 s later (statuses {sorted(set(statuses))})")
+    print(f"API server RSS: {start_rss:.0f} MiB at the start, {before:.0f} MiB after the maximal image above and "
+          f"before a burst of 6 more, {right_after:.0f} MiB right after, {later:.0f} MiB 10 s later "
+          f"(statuses {sorted(set(statuses))})")
     return out
 
 
@@ -213,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--child", nargs=2, metavar=("FILE", "WHICH"), help=argparse.SUPPRESS)
     ap.add_argument("--skip-served", action="store_true", help="only the in-process processing part")
+    ap.add_argument("--skip-processing", action="store_true", help="only the served part (e.g. another tree's server)")
     ap.add_argument("--json", type=Path, help="also write the numbers to this file")
     args = ap.parse_args(argv)
     if args.child:
@@ -221,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {os.cpu_count()} CPUs; python {sys.version.split()[0]}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        report: dict = {"processing": processing(work)}
+        report: dict = {} if args.skip_processing else {"processing": processing(work)}
         if not args.skip_served:
             report["served"] = served(work)
     if args.json:
