@@ -12,11 +12,14 @@ after :func:`normalize_messages` has checked the messages.
 from __future__ import annotations
 
 import json
+import re
 from functools import cache
 from importlib import resources
 from typing import Any
 
 import numpy as np
+
+from .parse import THINK_CLOSE, THINK_OPEN
 
 __all__ = ["VARIANTS", "MAX_NESTING", "REASONING_PARTS", "ChatFormatError", "compile_template", "jinja_template",
            "lift_reasoning_parts", "media_placeholders", "normalize_messages", "normalize_tools",
@@ -283,23 +286,70 @@ def _check_assistant(m: dict[str, Any], where: str) -> None:
         _check_calls(m["tool_calls"], f"{where}, tool_calls")
 
 
+_DELIMITERS = re.compile("|".join(re.escape(d) for d in THINK_OPEN + THINK_CLOSE))
+
+
+def _inline_blocks(text: str) -> list[dict[str, Any]]:
+    """Assistant text with thinking spans written into it, as ``thoughts`` and ``response`` blocks.
+
+    A span opens at ``<|inner_prefix|>`` or ``<think>`` and closes at ``<|inner_suffix|>`` or
+    ``</think>`` (an unclosed span runs to the end); a closing delimiter outside a span and an
+    opening one inside a span stay text. The blocks render the delimiters the text held, as ids.
+    """
+    blocks: list[dict[str, Any]] = []
+    inside, closed, cur, pos = False, False, "", 0
+    for m in _DELIMITERS.finditer(text):
+        cur += text[pos:m.start()]
+        pos = m.end()
+        lit = m.group()
+        if not inside and lit in THINK_OPEN:
+            if cur or closed:  # a response, or the empty one that closes the span before
+                blocks.append({"type": "response", "text": cur})
+            inside, closed, cur = True, False, ""
+        elif inside and lit in THINK_CLOSE:
+            blocks.append({"type": "thoughts", "text": cur})
+            inside, closed, cur = False, True, ""
+        else:
+            cur += lit
+    cur += text[pos:]
+    if inside:
+        blocks.append({"type": "thoughts", "text": cur})
+    elif cur or closed:
+        blocks.append({"type": "response", "text": cur})
+    return blocks
+
+
 def reasoning_as_blocks(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """OpenAI-style assistant messages with ``reasoning_content`` as the canonical blocks form.
+    """Training data's reasoning, in any of its forms, as the canonical blocks form.
 
     The released template renders thinking only from ``thoughts`` blocks (it ignores
-    ``reasoning_content``), and a conversation uses one assistant form throughout; so when any
-    assistant message carries ``reasoning_content`` (or ``reasoning``), every assistant message in
-    string form becomes ``{"blocks": [thoughts, response, tool_calls]}`` (the blocks it has), tool
-    calls as ``{"name", "arguments"}`` with JSON-string arguments. Other conversations are
-    returned unchanged. Used for SFT data (``apertus tokenize sft``).
+    ``reasoning_content``; thinking delimiters written in assistant text are text, as any text),
+    and a conversation uses one assistant form throughout. So when any assistant message carries
+    ``reasoning_content`` (or ``reasoning``, or reasoning parts: :func:`lift_reasoning_parts`) or a
+    thinking span written into its text (``<think>…</think>`` or
+    ``<|inner_prefix|>…<|inner_suffix|>``, :func:`_inline_blocks`), every assistant message in
+    string form becomes ``{"blocks": [thoughts, response, ..., tool_calls]}`` (the blocks it has),
+    tool calls as ``{"name", "arguments"}`` with JSON-string arguments. Other conversations are
+    returned unchanged. Used for SFT data (``apertus tokenize sft``); a server never applies it to
+    a request's history, whose text stays text.
     """
     def reasoning(m: dict[str, Any]) -> Any:
         return m.get("reasoning_content") or m.get("reasoning")
 
-    if not any(m.get("role") == "assistant" and reasoning(m) for m in messages):
+    def text_of(c: Any) -> str:
+        if isinstance(c, str):
+            return c
+        if isinstance(c, list):
+            return "".join(p if isinstance(p, str) else p.get("text", "") if isinstance(p, dict) else "" for p in c)
+        return ""
+
+    lifted = lift_reasoning_parts(messages)
+    if not isinstance(lifted, list) or not any(
+            isinstance(m, dict) and m.get("role") == "assistant"
+            and (reasoning(m) or any(o in text_of(m.get("content")) for o in THINK_OPEN)) for m in lifted):
         return messages
     out = []
-    for m in normalize_messages(messages):
+    for m in normalize_messages(lifted):
         c = m.get("content")
         if m["role"] != "assistant" or not isinstance(c, str):
             out.append(m)
@@ -308,7 +358,7 @@ def reasoning_as_blocks(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if reasoning(m):
             blocks.append({"type": "thoughts", "text": reasoning(m)})
         if c:
-            blocks.append({"type": "response", "text": c})
+            blocks.extend(_inline_blocks(c))
         if m.get("tool_calls"):
             calls = []
             for call in m["tool_calls"]:

@@ -196,6 +196,26 @@ def test_reasoning_parts_of_assistant_history_are_reasoning_not_answer(chat):
         "<|assistant_start|><|inner_prefix|>Add them, secretly.<|inner_suffix|>4<|assistant_end|>")
 
 
+@pytest.mark.parametrize("text,thoughts", [
+    ("<think>It has whiskers.</think>A cat.", 1), ("<|inner_prefix|>a<|inner_suffix|>A1 <think>b</think>A2", 2),
+    ("tail <think>never closed", 1), ("<think></think>x", 1), ("x</think>y", 0)])
+def test_thinking_spans_written_in_training_data_become_thoughts_blocks(chat, hf_tok, small_spec, text, thoughts):
+    """SFT records often write the reasoning into the answer's text. ``reasoning_as_blocks`` (what
+    ``apertus tokenize sft`` applies) turns such spans into the canonical ``thoughts`` blocks, so they
+    tokenize to the delimiter ids the tokenizer gives the literals; a server's history keeps them text."""
+    from apertus_plugins.chat.template import reasoning_as_blocks
+
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": text}]
+    enc = chat.encode_conversation(reasoning_as_blocks(msgs), variant="training")
+    ids = list(enc.ids)
+    assert ids.count(small_spec.id("inner_prefix")) == thoughts
+    if thoughts:  # the same ids the tokenizer gives the literals
+        assert ids == hf_tok.encode(render(msgs, variant="training"), add_special_tokens=False).ids
+    else:  # a closing delimiter outside any span is no span: text
+        assert small_spec.id("inner_suffix") not in ids
+    assert small_spec.id("inner_prefix") not in list(chat.encode_conversation(msgs).ids)  # history: text
+
+
 @pytest.mark.parametrize("text", ["\ue000", "a\ue001b", "\ue002\ue000\ue001 <|system_start|>x", "\ue000" * 3 + "</s>"])
 def test_text_holding_private_use_characters_is_text(chat, small_spec, text):
     """Text may hold any character, the private-use ones the tokenizer marks text with included:
