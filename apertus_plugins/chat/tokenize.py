@@ -156,13 +156,17 @@ class _Marker:
     def content(self, content: Any) -> Any:
         if isinstance(content, str):
             return self.wrap(content)
-        if isinstance(content, dict) and "parts" in content:
+        if isinstance(content, dict) and isinstance(content.get("parts"), list):
             parts = [self.wrap(p) if isinstance(p, str) else
-                     dict(p, text=self.wrap(p["text"])) if p.get("type") == "text" else p for p in content["parts"]]
+                     dict(p, text=self.wrap(p.get("text"))) if isinstance(p, dict) and p.get("type") == "text" else p
+                     for p in content["parts"]]
             return {**content, "parts": parts}
-        if isinstance(content, dict) and "blocks" in content:
+        if isinstance(content, dict) and isinstance(content.get("blocks"), list):
             blocks = []
             for b in content["blocks"]:
+                if not isinstance(b, dict):
+                    blocks.append(b)
+                    continue
                 b = dict(b)
                 if "text" in b:
                     b["text"] = self.printed(b["text"])
@@ -343,6 +347,9 @@ class ChatTokenizer:
                                      bos_token=self.spec.literal("bos"), template=template, marks="".join(marks))
         except ChatFormatError as exc:  # its message may quote marked text: the marks never show
             raise ChatFormatError(str(exc).replace(marks[0], "").replace(marks[1], "")) from None
+        except (TypeError, AttributeError, KeyError, IndexError) as exc:  # a shape nothing above expected
+            msg = f"the conversation cannot be rendered: {type(exc).__name__}: {exc}"
+            raise ChatFormatError(msg.replace(marks[0], "").replace(marks[1], "")) from None
         except RecursionError:
             raise ChatFormatError(f"the conversation nests too deeply to render (at most {MAX_NESTING} levels of "
                                   "lists and mappings)") from None
