@@ -67,10 +67,19 @@ def _as_bool(value: Any) -> bool:
 
 
 def image_part(image: Any) -> dict[str, Any]:
-    """An OpenAI ``image_url`` part holding ``image`` (PIL image or path) as a PNG data URL."""
-    from PIL import Image
+    """An OpenAI ``image_url`` part holding ``image`` (PIL image or path) as a PNG data URL.
 
-    img = Image.open(image) if isinstance(image, (str, os.PathLike)) else image
+    A file is opened by the core (its header checked against the media limits before decoding,
+    EXIF-transposed); an image above the limits is an ``ImageError`` naming it.
+    """
+    from apertus_plugins.core.media import image as media_image
+    from apertus_plugins.core.media.limits import check_image_size
+
+    if isinstance(image, (str, os.PathLike, bytes)):
+        img = media_image.decode_image(media_image.open_image(image), name="image" if isinstance(image, bytes) else str(image))
+    else:
+        img = image
+        check_image_size(img.height, img.width)
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()}}

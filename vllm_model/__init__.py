@@ -10,9 +10,11 @@ vLLM calls :func:`register` in every process it starts (API server, engine core,
 - the injection-safe chat renderer (vLLM tokenizer and renderer mode ``apertus``,
   :mod:`vllm_model.renderer`): chat requests become the core's ids, user text never forges a
   structure token;
-- a config hook (:mod:`vllm_model.config_hook`) that selects that renderer and makes generation stop
+- a config hook (:mod:`vllm_model.config_hook`) that selects that renderer, makes generation stop
   at ``<|assistant_end|>`` and after a complete tool call even when the checkpoint's generation
-  config lacks those stops.
+  config lacks those stops, and hands the server's image limit to vLLM's own loader and to Pillow
+  (``VLLM_MAX_IMAGE_PIXELS``, ``Image.MAX_IMAGE_PIXELS``: oversized images are refused from their
+  header with a 400).
 
 Then::
 

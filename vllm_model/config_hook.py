@@ -6,12 +6,16 @@ vLLM calls it once its model config is built, in every process. It
   when ``--tokenizer-mode`` is ``auto``, as vLLM itself does for the models whose chat encoding it
   ships (``deepseek_v32``, ``kimi_k3``); an explicit mode is kept;
 - makes generation stop at ``<|assistant_end|>`` and after a complete tool call even when the
-  checkpoint's generation config lacks those stops (:mod:`vllm_model.generation`).
+  checkpoint's generation config lacks those stops (:mod:`vllm_model.generation`);
+- hands the server's image limit (``max_image_pixels``, :data:`vllm_model.processing.SERVER_OPTIONS`)
+  to vLLM's own image loader (``VLLM_MAX_IMAGE_PIXELS``, read from the header before decoding, a 400
+  above it) and to Pillow (``Image.MAX_IMAGE_PIXELS``), unless the environment sets it already.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from . import RENDERER_MODE as MODE
@@ -19,7 +23,25 @@ from .generation import complete_stops
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Apertus1p5ConfigHook", "select_renderer"]
+__all__ = ["Apertus1p5ConfigHook", "apply_media_limits", "select_renderer"]
+
+
+def apply_media_limits(model_config: Any) -> int:
+    """The server's largest image (pixels) for vLLM's loader and Pillow; returns it."""
+    from PIL import Image
+
+    from .processing import SERVER_OPTIONS
+
+    mm_config = getattr(model_config, "multimodal_config", None)
+    options = dict(getattr(mm_config, "mm_processor_kwargs", None) or {})
+    limit = int(options.get("max_image_pixels", SERVER_OPTIONS["max_image_pixels"]))
+    if "VLLM_MAX_IMAGE_PIXELS" not in os.environ:
+        os.environ["VLLM_MAX_IMAGE_PIXELS"] = str(limit)
+    else:
+        limit = min(limit, int(os.environ["VLLM_MAX_IMAGE_PIXELS"]))
+    if Image.MAX_IMAGE_PIXELS is None or Image.MAX_IMAGE_PIXELS > limit:
+        Image.MAX_IMAGE_PIXELS = limit  # Pillow warns above it, refuses twice it (a 400 through the renderer)
+    return limit
 
 
 def select_renderer(model_config: Any) -> None:
@@ -40,6 +62,7 @@ class Apertus1p5ConfigHook:
     def verify_and_update_model_config(model_config: Any) -> None:
         select_renderer(model_config)
         complete_stops(model_config)
+        apply_media_limits(model_config)
 
     @staticmethod
     def verify_and_update_config(vllm_config: Any) -> None:

@@ -11,6 +11,13 @@ vLLM runs the reasoning parser first and gives the tool parser what follows the 
 that calls made inside the thinking span reach the tool parser, the reasoning parser ends the
 reasoning at such a call: non-streaming, it moves the calls out of the thinking text into the
 content; streaming, the reasoning phase ends where the call begins.
+
+Structured outputs (a forced tool call, ``tool_choice: "required"``, ``response_format``
+``json_object``/``json_schema``) apply once :meth:`ApertusReasoningParser.is_reasoning_end` says
+the reasoning is over. With thinking off (the prompt's developer block says ``Deliberation:
+disabled``, or the request's ``enable_thinking`` is false) there is no reasoning: it is over before
+the first generated token, so the grammar holds from the first answer token. With thinking on it
+is over once the span has closed (or a call began in it).
 """
 
 from __future__ import annotations
@@ -79,9 +86,10 @@ def is_apertus_1p5_tokenizer(tokenizer: Any) -> bool:
 class ApertusReasoningParser(ReasoningParser):
     """Separates the thinking span ``<|inner_prefix|>…<|inner_suffix|>`` (or ``<think>…</think>``).
 
-    The thinking span is the one the output opens with; without it the whole output is content
-    (thinking off). Reasoning ends at the closing delimiter or at a tool call made inside the
-    span (see the module docstring).
+    The thinking span is the one the output opens with; without it the whole output is content.
+    With thinking off for the request there is no reasoning at all: the whole output is content,
+    streamed or not, and structured outputs apply from the first token. Reasoning ends at the
+    closing delimiter or at a tool call made inside the span (see the module docstring).
     """
 
     def __init__(self, tokenizer: Any, *args: Any, **kwargs: Any) -> None:
@@ -90,8 +98,18 @@ class ApertusReasoningParser(ReasoningParser):
         self.end_id = _token_id(tokenizer, "inner_suffix")
         self.call_id = _token_id(tokenizer, "tools_prefix")
         self.turn_start_id = _token_id(tokenizer, "assistant_start")
+        self.developer_start_id = _token_id(tokenizer, "developer_start")
+        self.developer_end_id = _token_id(tokenizer, "developer_end")
+        template_kwargs = kwargs.get("chat_template_kwargs")
+        #: the request's thinking flag when the server handed its template kwargs over (vLLM does, per
+        #: request; the template's default is off); ``None`` when unknown
+        self.request_thinking: bool | None = None
+        if isinstance(template_kwargs, dict):
+            flag = template_kwargs.get("enable_thinking", False)
+            self.request_thinking = flag if isinstance(flag, bool) else None
         self._cache_ids: list[int] = []
         self._cache_text = ""
+        self._thinking_cache: tuple[tuple[int, ...], bool] | None = None
 
     @property
     def reasoning_start_str(self) -> str:
@@ -116,8 +134,28 @@ class ApertusReasoningParser(ReasoningParser):
         self._cache_ids, self._cache_text = ids, text
         return text
 
+    def thinking_enabled(self, input_ids: Sequence[int]) -> bool | None:
+        """Whether the conversation in ``input_ids`` deliberates: its last developer block says
+        ``Deliberation: enabled`` (the template's first line there); without a developer block, the
+        request's ``enable_thinking``; ``None`` when neither is known."""
+        ids = [int(i) for i in input_ids]
+        try:
+            end = len(ids) - 1 - ids[::-1].index(self.developer_end_id)
+            start = end - ids[end::-1].index(self.developer_start_id)
+        except ValueError:
+            return self.request_thinking
+        block = tuple(ids[start + 1:end])
+        if self._thinking_cache is None or self._thinking_cache[0] != block:
+            text = self.model_tokenizer.decode(list(block), skip_special_tokens=False)
+            self._thinking_cache = (block, text.startswith("Deliberation: enabled"))
+        return self._thinking_cache[1]
+
     def is_reasoning_end(self, input_ids: Sequence[int]) -> bool:
-        """Whether the reasoning is over: no thinking span opens the answer, or it closed, or a call began in it."""
+        """Whether the reasoning is over: thinking is off (there is none), no thinking span opens the
+        answer, the span closed, or a call began in it. ``input_ids`` is the prompt, or the prompt and
+        what was generated so far."""
+        if self.thinking_enabled(input_ids) is False:
+            return True
         return self._split(self._generated_text(input_ids), final=False)[1] is not None
 
     def is_reasoning_end_streaming(self, input_ids: Sequence[int], delta_ids: Any) -> bool:
@@ -158,6 +196,8 @@ class ApertusReasoningParser(ReasoningParser):
         return rest[: len(rest) - keep], None
 
     def extract_reasoning(self, model_output: str, request: Any) -> tuple[str | None, str | None]:
+        if self.request_thinking is False:  # no reasoning with thinking off, streamed or not (see is_reasoning_end)
+            return None, model_output
         parsed = parse_output(model_output)
         if parsed.thinking is None:
             return None, model_output

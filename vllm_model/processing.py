@@ -11,7 +11,19 @@ into codes there (see :mod:`vllm_model.model`).
 
 Options (``--mm-processor-kwargs`` for the server, ``mm_processor_kwargs`` per request):
 ``image_layout`` (``"inference"``, the default, or ``"training"``), ``resize_policy``
-(``"released"``), ``audio_policy`` (``"released"``) and ``max_audio_seconds`` (60).
+(``"released"``), ``audio_policy`` (``"released"``). Server options only (a request that sets
+one is refused): the media limits of :class:`apertus_plugins.core.media.limits.MediaLimits`
+(``max_image_pixels``, ``reduce_above_pixels``, ``min_sample_rate``, ``max_sample_rate``,
+``max_channels``, ``max_abs_sample``), ``max_audio_seconds`` (60 on a server) and
+``media_load_seconds`` (30: the longest a request's media may take to fetch and decode).
+
+Hostile input stops here, never in the engine: every item is checked before any expensive work
+(the core's limits), an audio clip is checked finite and in range before its downmix and
+resampling, and any error of the processor is a ``ValueError`` naming the item (vLLM answers
+400). The engine only ever receives arrays this processor made and checked. Processing an item
+twice gives the same arrays (vLLM's processor cache re-parses the items it has to process): the
+data parser only checks, downmixes and resamples (a mono 24 kHz clip passes unchanged); the level
+normalization happens once, in the processor.
 
 The placeholders and the serving layout are the plugin registry's (``image`` and ``audio``); the
 processor serves those two, vLLM's own media kinds. A modality added by a plugin renders,
@@ -20,7 +32,8 @@ tokenizes and goes through the offline pipeline, but is not served: vLLM refuses
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -42,19 +55,78 @@ from vllm.multimodal.processing import (
 from apertus_plugins.core.chat import ChatTokenizer
 from apertus_plugins.core.media import audio as media_audio
 from apertus_plugins.core.media import image as media_image
+from apertus_plugins.core.media.limits import MediaLimits
 from apertus_plugins.core.vocab import VocabSpec
 from apertus_plugins.plugins import registry, serving_layout
 
 __all__ = ["Apertus1p5ProcessingInfo", "Apertus1p5DummyInputsBuilder", "Apertus1p5MultiModalProcessor",
-           "DEFAULT_OPTIONS"]
+           "DEFAULT_OPTIONS", "SERVER_OPTIONS", "SERVER_LIMITS", "prepared_image", "prepare_image"]
 
+#: The media limits of a server: the core's defaults, clips of at most 60 s.
+SERVER_LIMITS = MediaLimits(max_audio_seconds=60.0)
+#: Options only the server sets (``--mm-processor-kwargs``); a request may not change them.
+SERVER_OPTIONS: dict[str, Any] = {
+    **{name: getattr(SERVER_LIMITS, name) for name in MediaLimits.names()},
+    "media_load_seconds": 30.0,
+}
 #: Processor options and their defaults; the image layout is the registry's serving layout (the inference layout).
 DEFAULT_OPTIONS: dict[str, Any] = {
     "image_layout": serving_layout("image"),
     "resize_policy": "released",
     "audio_policy": "released",
-    "max_audio_seconds": 60.0,
+    **SERVER_OPTIONS,
 }
+#: The attribute of a PIL image that holds its preprocessed pixels, once the renderer prepared them
+#: (:func:`prepare_image`), keyed by the policy and limits they were made with.
+_PREPARED = "_apertus_prepared"
+
+
+def _limits_of(options: Mapping[str, Any]) -> MediaLimits:
+    return MediaLimits().updated({k: options[k] for k in MediaLimits.names()})
+
+
+def prepare_image(image: Any, options: Mapping[str, Any]) -> None:
+    """Preprocess one image (a PIL image, possibly wrapped in vLLM's ``MediaWithBytes``) and keep the
+    result on it: the renderer does this for every image of a request in its own thread pool, in
+    parallel, so vLLM's multimodal thread (one per API server, shared by all requests) only picks
+    the result up. Raises :class:`~apertus_plugins.core.media.image.ImageError` for a refused image."""
+    img = getattr(image, "media", image)
+    key = (options["resize_policy"], _limits_of(options))
+    if getattr(img, _PREPARED, (None,))[0] != key:
+        pre = media_image.preprocess_image(img, options["resize_policy"], key[1])
+        try:
+            setattr(img, _PREPARED, (key, pre))
+        except AttributeError:  # an object that takes no attributes: the processor computes it again
+            pass
+
+
+def prepared_image(image: Any, options: Mapping[str, Any]) -> media_image.PreprocessedImage:
+    """The preprocessed pixels of an image: those :func:`prepare_image` kept on it, else computed now."""
+    img = getattr(image, "media", image)
+    key = (options["resize_policy"], _limits_of(options))
+    kept = getattr(img, _PREPARED, None)
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    return media_image.preprocess_image(img, options["resize_policy"], key[1])
+
+
+def _checked(x: np.ndarray, what: str, ndim: int, bound: float) -> torch.Tensor:
+    """The engine's input: a non-empty float32 array of the expected rank, finite, within +-``bound``;
+    anything else would be a bug of this processor, refused before the engine sees it."""
+    if x.dtype != np.float32 or x.ndim != ndim or x.size == 0 or not np.isfinite(x).all() or np.abs(x).max() > bound:
+        raise ValueError(f"{what}: the processor made an invalid array (dtype {x.dtype}, shape {list(x.shape)})")
+    return torch.from_numpy(np.ascontiguousarray(x))
+
+
+@contextlib.contextmanager
+def _item(what: str) -> Iterator[None]:
+    """Any error while processing one item is that item's: a ``ValueError`` naming it (vLLM: 400)."""
+    try:
+        yield
+    except ValueError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - nothing a request sends may turn into a 500 or an engine error
+        raise ValueError(f"{what}: {type(exc).__name__}: {exc}") from exc
 
 
 def _placeholder(kind: str) -> str:
@@ -72,14 +144,19 @@ def _tokenizer_dir(name: str) -> Path:
 
 
 class Apertus1p5DataParser(MultiModalDataParser):
-    """Audio items become mono 24 kHz float32 through the core, from their own sample rate.
+    """Audio items become checked mono 24 kHz float32 through the core, from their own sample rate.
 
-    A bare array (no rate) is taken to be 24 kHz already, as the released processor does.
+    A bare array (no rate) is taken to be 24 kHz already, as the released processor does. The clip
+    is checked (length, rate and channels from the numbers, samples finite and in range) before the
+    downmix and the resampling; the level normalization waits for the processor, so parsing a
+    parsed clip again (vLLM's processor cache does) changes nothing.
     """
 
-    def __init__(self, *args: Any, audio_policy: str = "released", **kwargs: Any) -> None:
+    def __init__(self, *args: Any, audio_policy: str = "released", limits: MediaLimits = SERVER_LIMITS,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.audio_policy = audio_policy
+        self.limits = limits
 
     def _parse_audio_data(self, data: Any) -> Any:
         if data is None or self.is_embeddings(data) or isinstance(data, dict):
@@ -90,15 +167,17 @@ class Apertus1p5DataParser(MultiModalDataParser):
         else:
             items = list(data)
         clips: list[np.ndarray | None] = []
-        for item in items:
+        for k, item in enumerate(items):
             if item is None:
                 clips.append(None)
                 continue
-            wave, rate = self._get_audio_with_sr(item)
-            wave = np.asarray(wave.numpy() if isinstance(wave, torch.Tensor) else wave, dtype=np.float32)
-            if wave.ndim == 2 and wave.shape[0] > wave.shape[1]:
-                wave = wave.T  # [samples, channels] -> [channels, samples]
-            clips.append(media_audio.preprocess_audio(wave, int(rate or media_audio.SAMPLE_RATE), self.audio_policy))
+            with _item(f"audio {k}"):
+                wave, rate = self._get_audio_with_sr(item)
+                wave = np.asarray(wave.numpy() if isinstance(wave, torch.Tensor) else wave)
+                if wave.ndim == 2 and wave.shape[0] > wave.shape[1]:
+                    wave = wave.T  # [samples, channels] -> [channels, samples]
+                clips.append(media_audio.mono_24k(wave, rate or media_audio.SAMPLE_RATE, self.audio_policy,
+                                                  self.limits, name=f"audio {k}"))
         return AudioProcessorItems(clips)
 
 
@@ -118,22 +197,44 @@ class Apertus1p5ProcessingInfo(BaseProcessingInfo):
         return ChatTokenizer(self.tokenizer_dir, self.spec)
 
     def options(self, request_kwargs: Mapping[str, object] | None = None) -> dict[str, Any]:
-        """The processor options: defaults, then ``--mm-processor-kwargs``, then the request's."""
-        merged = self.ctx.get_merged_mm_kwargs(dict(request_kwargs or {}))
+        """The processor options: defaults, then ``--mm-processor-kwargs``, then the request's.
+
+        The server options (:data:`SERVER_OPTIONS`: the media limits) come from the server alone; a
+        request that sets one to another value is refused, naming it.
+        """
+        request = dict(request_kwargs or {})
+        merged = self.ctx.get_merged_mm_kwargs(request)
         unknown = sorted(k for k in merged if k not in DEFAULT_OPTIONS and not k.endswith("_kwargs"))
         if unknown:
             raise ValueError(f"unknown Apertus 1.5 processor option(s) {unknown}; options are {sorted(DEFAULT_OPTIONS)}")
+        server = dict(self.ctx.get_merged_mm_kwargs({}))
+        changed = sorted(k for k in SERVER_OPTIONS if k in request and request[k] != server.get(k, SERVER_OPTIONS[k]))
+        if changed:
+            raise ValueError(f"{', '.join(changed)}: a server option (--mm-processor-kwargs); a request cannot "
+                             "change it")
         opts = {**DEFAULT_OPTIONS, **{k: v for k, v in merged.items() if k in DEFAULT_OPTIONS}}
         if opts["image_layout"] not in media_image.LAYOUTS:
             raise ValueError(f"unknown image_layout {opts['image_layout']!r}; layouts are {sorted(media_image.LAYOUTS)}")
+        if opts["resize_policy"] not in media_image.POLICIES:
+            raise ValueError(f"unknown resize_policy {opts['resize_policy']!r}; policies are "
+                             f"{sorted(media_image.POLICIES)}")
+        if opts["audio_policy"] not in media_audio.AUDIO_POLICIES:
+            raise ValueError(f"unknown audio_policy {opts['audio_policy']!r}; policies are "
+                             f"{sorted(media_audio.AUDIO_POLICIES)}")
+        _limits_of(opts)  # validated: positive finite numbers
         return opts
+
+    def limits(self, options: Mapping[str, Any] | None = None) -> MediaLimits:
+        """The media limits of this server (its options)."""
+        return _limits_of(self.options() if options is None else options)
 
     def get_supported_mm_processor_kwargs(self) -> dict[str, set[str]]:
         return {"text_kwargs": set(), "images_kwargs": set(), "audio_kwargs": set()}
 
     def get_data_parser(self) -> MultiModalDataParser:
+        opts = self.options()
         return Apertus1p5DataParser(expected_hidden_size=self._get_expected_hidden_size(),
-                                    audio_policy=self.options()["audio_policy"])
+                                    audio_policy=opts["audio_policy"], limits=_limits_of(opts))
 
     def get_supported_mm_limits(self) -> Mapping[str, int | None]:
         return {"image": None, "audio": None}
@@ -150,7 +251,7 @@ class Apertus1p5ProcessingInfo(BaseProcessingInfo):
         limit = float(options["max_audio_seconds"])
         if num_samples > limit * media_audio.SAMPLE_RATE:
             raise ValueError(f"an audio clip of {num_samples / media_audio.SAMPLE_RATE:.1f} s is longer than the "
-                             f"{limit:g} s this server accepts (mm_processor_kwargs max_audio_seconds)")
+                             f"{limit:g} s this server accepts (server option max_audio_seconds)")
         return media_audio.audio_placeholder_sequence(media_audio.audio_code_count(num_samples), self.spec)
 
     def max_image_side(self, budget: int) -> int:
@@ -202,15 +303,26 @@ class Apertus1p5MultiModalProcessor(BaseMultiModalProcessor[Apertus1p5Processing
     def _call_hf_processor(self, hf_data: Mapping[str, object], hf_kwargs: Mapping[str, object]) -> BatchFeature:
         opts = self.info.options(hf_kwargs)
         out: dict[str, Any] = {}
+        limits = _limits_of(opts)
         images = hf_data.get("images") or []
         if images:
-            pre = [media_image.preprocess_image(img, opts["resize_policy"]) for img in images]
-            out["pixel_values"] = [torch.from_numpy(p.pixels) for p in pre]
+            pixels = []
+            for k, img in enumerate(images):
+                with _item(f"image {k}"):
+                    pixels.append(_checked(prepared_image(img, opts).pixels, f"image {k}", 3, 1.0))
+            out["pixel_values"] = pixels
         clips = hf_data.get("audio") or []
         if clips:
-            for clip in clips:
-                self.info.audio_sequence(len(clip), opts)  # length check, with a clear message
-            out["input_values"] = [torch.from_numpy(np.ascontiguousarray(c, dtype=np.float32)) for c in clips]
+            values = []
+            for k, clip in enumerate(clips):
+                with _item(f"audio {k}"):
+                    self.info.audio_sequence(len(clip), opts)  # length check, with a clear message
+                    # a parsed clip: checked again, passed through unchanged; then normalized, once
+                    x = media_audio.mono_24k(clip, media_audio.SAMPLE_RATE, opts["audio_policy"], limits,
+                                             name=f"audio {k}")
+                    values.append(_checked(media_audio.normalize_audio(x, opts["audio_policy"]), f"audio {k}", 1,
+                                           limits.max_abs_sample))
+            out["input_values"] = values
         return BatchFeature(out)
 
     def _get_mm_fields_config(self, hf_inputs: BatchFeature,

@@ -18,21 +18,85 @@ checkpoint when ``--tokenizer-mode`` is ``auto``; ``--tokenizer-mode hf`` gives 
 back (not injection-safe: ``apertus doctor --serve`` fails ``serve.injection`` there). Completion
 requests with a raw prompt (``/v1/completions``) are tokenized as vLLM always does: the caller owns
 that whole prompt.
+
+Hostile requests cost only themselves: whatever goes wrong while a conversation becomes ids (the
+core's refusal, a recursion, a media item that cannot be fetched or decoded, media that take
+longer than ``media_load_seconds`` to arrive) is a ``ValueError`` with the plugin's message, which
+vLLM answers with a 400. The template flags must be booleans (``"enable_thinking": "false"`` is a
+400, not thinking on). Assistant reasoning parts (``thinking``) are lifted out of the content
+before vLLM's parser would flatten them into answer text (:func:`apertus_plugins.core.chat.template.
+lift_reasoning_parts`). Images are preprocessed here, in the plugin's own thread pool, in parallel
+across requests (:func:`vllm_model.processing.prepare_image`): vLLM runs the multimodal processor
+of an API server on one thread shared by every request, so a large image processed there would
+hold up every other media request; here it delays only its own.
 """
 
 from __future__ import annotations
 
-from functools import cached_property
+import asyncio
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache, cached_property
 from typing import Any
 
+from vllm.exceptions import VLLMClientError
 from vllm.renderers.chat_utils import parse_chat_messages, parse_chat_messages_async
 from vllm.renderers.hf import HfRenderer, resolve_chat_template
 from vllm.utils.async_utils import make_async
 
 from apertus_plugins.core.chat import ChatFormatError, ChatTokenizer
+from apertus_plugins.core.chat.template import lift_reasoning_parts
 from apertus_plugins.core.vocab import VocabSpec
 
-__all__ = ["Apertus1p5Renderer"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["Apertus1p5Renderer", "MALLOC_ENV", "MEDIA_WORKERS_ENV", "return_freed_memory"]
+
+#: Threads that preprocess images for the renderer of one API server (default: the CPU count, at most 4).
+MEDIA_WORKERS_ENV = "APERTUS_MEDIA_WORKERS"
+#: Set to 0 to keep glibc's default malloc thresholds in the API server (see :func:`return_freed_memory`).
+MALLOC_ENV = "APERTUS_MMAP_THRESHOLD"
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+@cache
+def return_freed_memory() -> int:
+    """Make glibc hand large freed blocks back to the system in this (API server) process.
+
+    A decoded image is hundreds of MB in blocks of a few MB; glibc's adaptive threshold soon serves
+    such blocks from its heaps and keeps them after they are freed, so the server's memory would
+    stay at its peak after a burst of large images. A fixed mmap threshold (4 MiB, or
+    ``$APERTUS_MMAP_THRESHOLD`` bytes; 0 keeps glibc's default) maps every larger block on its own
+    and unmaps it when freed. Returns the threshold set (0: none, or not glibc).
+    """
+    import ctypes
+    import ctypes.util
+
+    threshold = int(os.environ.get(MALLOC_ENV, 4 << 20))
+    if threshold <= 0:
+        return 0
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return threshold if libc.mallopt(_M_MMAP_THRESHOLD, threshold) == 1 else 0
+    except (OSError, AttributeError):  # not glibc
+        return 0
+
+
+@cache
+def _media_pool() -> ThreadPoolExecutor:
+    workers = int(os.environ.get(MEDIA_WORKERS_ENV) or min(4, os.cpu_count() or 1))
+    return ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="apertus-media")
+
+
+def _discard(task: asyncio.Future) -> None:
+    """Drop what a task that nobody awaits any more ended with (its exception included)."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _request_error(what: str, exc: BaseException) -> ValueError:
+    return ValueError(f"Apertus 1.5 {what}: {type(exc).__name__}: {exc}")
 
 
 class Apertus1p5Renderer(HfRenderer):
@@ -41,6 +105,9 @@ class Apertus1p5Renderer(HfRenderer):
     def __init__(self, config: Any, tokenizer: Any) -> None:
         super().__init__(config, tokenizer)
         self._encode_async = make_async(self._encode, executor=self._executor)
+        threshold = return_freed_memory()
+        logger.info("apertus: chat renderer in process %d; freed blocks above %d bytes go back to the system",
+                    os.getpid(), threshold)
 
     @cached_property
     def chat_tokenizer(self) -> ChatTokenizer:
@@ -52,19 +119,23 @@ class Apertus1p5Renderer(HfRenderer):
     def _encode(self, conversation: list[dict[str, Any]], params: Any) -> dict[str, Any]:
         kwargs = params.get_apply_chat_template_kwargs()
         tools = kwargs.get("tools")
-        template = resolve_chat_template(self.get_tokenizer(), kwargs.get("chat_template"), tools,
-                                         model_config=self.model_config)
         try:
+            template = resolve_chat_template(self.get_tokenizer(), kwargs.get("chat_template"), tools,
+                                             model_config=self.model_config)
             enc = self.chat_tokenizer.encode_conversation(
                 conversation,
                 tools=tools,
-                add_generation_prompt=bool(kwargs.get("add_generation_prompt", True)),
-                enable_thinking=bool(kwargs.get("enable_thinking", False)),
-                continue_assistant_message=bool(kwargs.get("continue_final_message", False)),
+                add_generation_prompt=kwargs.get("add_generation_prompt", True),
+                enable_thinking=kwargs.get("enable_thinking", False),
+                continue_assistant_message=kwargs.get("continue_final_message", False),
                 template=template,
             )
         except ChatFormatError as exc:  # vLLM answers a ValueError with a 400 naming the problem
             raise ValueError(f"Apertus 1.5 chat format: {exc}") from exc
+        except (ValueError, VLLMClientError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - no request may turn into a 500
+            raise _request_error("chat format", exc) from exc
         return {"prompt_token_ids": enc.ids.tolist(), "prompt": enc.text}
 
     @staticmethod
@@ -75,15 +146,65 @@ class Apertus1p5Renderer(HfRenderer):
             prompt["multi_modal_uuids"] = mm_uuids
         return prompt
 
+    def _media_options(self, params: Any) -> dict[str, Any] | None:
+        """The processor options of this request (``None`` for a model without the processor)."""
+        if self.mm_processor is None:
+            return None
+        return self.mm_processor.info.options(params.mm_processor_kwargs or {})
+
     def render_messages(self, messages: list[Any], params: Any) -> tuple[list[Any], dict[str, Any]]:
-        conversation, mm_data, mm_uuids = parse_chat_messages(
-            messages, self.model_config, content_format="openai",
-            media_io_kwargs=params.media_io_kwargs, mm_processor_kwargs=params.mm_processor_kwargs)
+        try:
+            conversation, mm_data, mm_uuids = parse_chat_messages(
+                lift_reasoning_parts(messages), self.model_config, content_format="openai",
+                media_io_kwargs=params.media_io_kwargs, mm_processor_kwargs=params.mm_processor_kwargs)
+        except (ValueError, VLLMClientError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - an unreadable or unreachable media item is the request's
+            raise _request_error("media", exc) from exc
         return conversation, self._attach(self._encode(conversation, params), mm_data, mm_uuids)
 
+    async def _prepare_media(self, mm_data: Any, params: Any) -> None:
+        """Preprocess the request's images in the plugin's pool, in parallel (see the module docstring)."""
+        from .processing import prepare_image
+
+        images = (mm_data or {}).get("image")
+        if images is None:
+            return
+        images = images if isinstance(images, list) else [images]
+        options = self._media_options(params)
+        if options is None:
+            return
+        loop = asyncio.get_running_loop()
+        jobs = [loop.run_in_executor(_media_pool(), prepare_image, img, options) for img in images
+                if img is not None and hasattr(getattr(img, "media", img), "size")]
+        for k, job in enumerate(jobs):
+            try:
+                await job
+            except ValueError as exc:
+                raise ValueError(f"image {k}: {exc}") from exc
+            except Exception as exc:  # noqa: BLE001
+                raise _request_error(f"image {k}", exc) from exc
+
     async def render_messages_async(self, messages: list[Any], params: Any) -> tuple[list[Any], dict[str, Any]]:
-        conversation, mm_data, mm_uuids = await parse_chat_messages_async(
-            messages, self.model_config, content_format="openai",
-            media_io_kwargs=params.media_io_kwargs, mm_processor_kwargs=params.mm_processor_kwargs)
+        options = self._media_options(params)
+        deadline = float(options["media_load_seconds"]) if options else None
+        loading = asyncio.ensure_future(parse_chat_messages_async(
+            lift_reasoning_parts(messages), self.model_config, content_format="openai",
+            media_io_kwargs=params.media_io_kwargs, mm_processor_kwargs=params.mm_processor_kwargs))
+        done, _ = await asyncio.wait({loading}, timeout=deadline)
+        if not done:
+            # refused now; the loading runs out on its own (its threads cannot be stopped) and its result
+            # is dropped when it ends: cancelling it would leave the decoded media in reference cycles
+            # until the next garbage collection
+            loading.add_done_callback(_discard)
+            raise ValueError(f"Apertus 1.5 media: the request's media took longer than {deadline:g} s to fetch and "
+                             "decode (server option media_load_seconds)")
+        try:
+            conversation, mm_data, mm_uuids = loading.result()
+        except (ValueError, VLLMClientError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - an unreadable or unreachable media item is the request's
+            raise _request_error("media", exc) from exc
+        await self._prepare_media(mm_data, params)
         prompt = await self._render_with_timeout(self._encode_async(conversation, params))
         return conversation, self._attach(prompt, mm_data, mm_uuids)

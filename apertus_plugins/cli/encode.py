@@ -44,6 +44,8 @@ def sniff_modality(path: Path) -> str:
     try:
         with Image.open(path):
             return "image"
+    except Image.DecompressionBombError:
+        return "image"  # an image, and too large: the core's limits name it
     except (UnidentifiedImageError, OSError):
         pass
     import soundfile as sf

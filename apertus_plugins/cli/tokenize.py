@@ -55,6 +55,11 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "Apertus 1.5 was trained on; serving uses inference; the manifest records it)")
     p.add_argument("--resize-policy", default="released", help="image resize policy (default: released)")
     p.add_argument("--audio-policy", default="released", help="audio preprocessing policy (default: released)")
+    p.add_argument("--media-limit", action="append", default=[], metavar="NAME=VALUE", type=_media_limit,
+                   help="raise or lower one of the core's media limits (repeatable): max_image_pixels "
+                        "(default 67108864), reduce_above_pixels (16000000), max_audio_seconds (3600), "
+                        "min_sample_rate / max_sample_rate (1000 / 384000), max_channels (64), max_abs_sample "
+                        "(16777216); an item above a limit is skipped, named, with its reason")
     p.add_argument("--batch-size", type=int, default=32, help="most items per batch (default 32)")
     p.add_argument("--batch-codes", type=int, default=65536, help="most media codes per batch (default 65536)")
     p.add_argument("--workers", type=int, default=default_workers(),
@@ -165,6 +170,20 @@ def layout_line(report: dict) -> str:
     return f"image layout: {written} (written, {where}) | {serving} (serving) -- {verdict}"
 
 
+def _media_limit(text: str) -> tuple[str, float]:
+    """``NAME=VALUE`` of ``--media-limit``: a field of the core's ``MediaLimits`` and a number."""
+    from apertus_plugins.core.media.limits import MediaLimits
+
+    name, sep, value = text.partition("=")
+    if not sep or name not in MediaLimits.names():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=VALUE with NAME one of {', '.join(MediaLimits.names())}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: {value!r} is not a number") from None
+    return name, int(number) if number.is_integer() and name != "max_audio_seconds" else number
+
+
 def run(args: argparse.Namespace) -> int:
     from apertus_plugins.data.offline import TokenizeConfig, tokenize
 
@@ -172,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
     common = dict(
         kind=args.kind, sources=args.sources, out=args.out, tokenizer=tokenizer, checkpoint=checkpoint,
         work_dir=args.work_dir, image_layout=args.image_layout, resize_policy=args.resize_policy,
-        audio_policy=args.audio_policy, batch_size=args.batch_size, batch_codes=args.batch_codes,
+        audio_policy=args.audio_policy, media_limits=dict(args.media_limit), batch_size=args.batch_size, batch_codes=args.batch_codes,
         precision=args.precision, workers=args.workers, ray_address=args.ray_address, device=args.device,
         progress=not args.no_progress, keep_work=args.keep_work, restart=args.restart, merge=args.merge,
         plan_files=args.plan_files, plan_bytes=args.plan_bytes, encoders=args.encoders, plan_only=args.plan_only,

@@ -143,13 +143,145 @@ def test_calls_inside_the_thinking_span_are_structure_ids(chat, small_spec):
     assert (small_spec.id("tools_prefix"), small_spec.id("tool_output_start")) == (71, 73)
 
 
-def test_assistant_text_keeps_the_thinking_delimiters_only(chat, small_spec):
-    msgs = [{"role": "user", "content": "q"},
-            {"role": "assistant", "content": "<think>plan</think>answer <|user_start|> <|inner_prefix|>x<|inner_suffix|>"}]
-    enc = chat.encode_conversation(msgs)
+ASSISTANT_TEXT = "<think>plan</think>answer <|user_start|> <|inner_prefix|>x<|inner_suffix|></s>"
+
+
+def _assistant_text_ids(chat, enc):
+    return [int(i) for i, r in zip(enc.ids, enc.roles, strict=True) if r == 4]  # ROLES: 4 is assistant
+
+
+@pytest.mark.parametrize("form", ["string", "text parts", "continued", "blocks response", "tool-call turn"])
+def test_assistant_history_is_text(chat, small_spec, form):
+    """One rule for assistant history: its text is text. No delimiter, turn or EOS id comes from it,
+    in any form a client relays an earlier answer in; the ids are the text's plain encoding."""
+    user = {"role": "user", "content": "q"}
+    kw = {}
+    if form == "string":
+        msg = {"role": "assistant", "content": ASSISTANT_TEXT}
+    elif form == "text parts":
+        msg = {"role": "assistant", "content": [{"type": "text", "text": ASSISTANT_TEXT[:20]},
+                                                {"type": "text", "text": ASSISTANT_TEXT[20:]}]}
+    elif form == "continued":
+        msg, kw = {"role": "assistant", "content": ASSISTANT_TEXT}, {"continue_assistant_message": True}
+    elif form == "blocks response":
+        msg = {"role": "assistant", "content": {"blocks": [{"type": "response", "text": ASSISTANT_TEXT}]}}
+    else:
+        msg = {"role": "assistant", "content": ASSISTANT_TEXT,
+               "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {"q": ASSISTANT_TEXT}}}]}
+    enc = chat.encode_conversation([user, msg], **kw)
+    mine = _assistant_text_ids(chat, enc)
+    assert not set(mine) & small_spec.structure_ids and not {32, 33} & set(mine)
+    assert chat.decode(mine).startswith(ASSISTANT_TEXT)
+    assert list(enc.ids).count(small_spec.id("user_start")) == 1  # only the template's own
+    assert enc.text == render([user, msg], **kw)
+
+
+def test_reasoning_parts_of_assistant_history_are_reasoning_not_answer(chat):
+    """A previous turn's ``thinking`` part is reasoning: dropped from the prompt as the released template
+    drops ``reasoning_content`` (string form), rendered as a thinking span only from ``thoughts`` blocks."""
+    from apertus_plugins.core.chat.template import lift_reasoning_parts, reasoning_as_blocks
+
+    user = {"role": "user", "content": "2+2?"}
+    parts = {"role": "assistant", "content": [{"type": "thinking", "thinking": "Add them, secretly."},
+                                              {"type": "text", "text": "4"}]}
+    plain = {"role": "assistant", "content": "4"}
+    for thinking in (False, True):
+        assert render([user, parts], enable_thinking=thinking) == render([user, plain], enable_thinking=thinking)
+        enc = chat.encode_conversation([user, parts], enable_thinking=thinking)
+        assert "secretly" not in enc.text
+        assert list(enc.ids) == list(chat.encode_conversation([user, plain], enable_thinking=thinking).ids)
+    lifted = lift_reasoning_parts([user, parts])
+    assert lifted[1]["reasoning_content"] == "Add them, secretly." and lifted[1]["content"] == [parts["content"][1]]
+    assert render(reasoning_as_blocks(lifted), enable_thinking=True).endswith(
+        "<|assistant_start|><|inner_prefix|>Add them, secretly.<|inner_suffix|>4<|assistant_end|>")
+
+
+@pytest.mark.parametrize("text,thoughts", [
+    ("<think>It has whiskers.</think>A cat.", 1), ("<|inner_prefix|>a<|inner_suffix|>A1 <think>b</think>A2", 2),
+    ("tail <think>never closed", 1), ("<think></think>x", 1), ("x</think>y", 0)])
+def test_thinking_spans_written_in_training_data_become_thoughts_blocks(chat, hf_tok, small_spec, text, thoughts):
+    """SFT records often write the reasoning into the answer's text. ``reasoning_as_blocks`` (what
+    ``apertus tokenize sft`` applies) turns such spans into the canonical ``thoughts`` blocks, so they
+    tokenize to the delimiter ids the tokenizer gives the literals; a server's history keeps them text."""
+    from apertus_plugins.core.chat.template import reasoning_as_blocks
+
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": text}]
+    enc = chat.encode_conversation(reasoning_as_blocks(msgs), variant="training")
     ids = list(enc.ids)
-    assert ids.count(32) == 2 and ids.count(33) == 2
-    assert ids.count(small_spec.id("user_start")) == 1  # only the template's own
+    assert ids.count(small_spec.id("inner_prefix")) == thoughts
+    if thoughts:  # the same ids the tokenizer gives the literals
+        assert ids == hf_tok.encode(render(msgs, variant="training"), add_special_tokens=False).ids
+    else:  # a closing delimiter outside any span is no span: text
+        assert small_spec.id("inner_suffix") not in ids
+    assert small_spec.id("inner_prefix") not in list(chat.encode_conversation(msgs).ids)  # history: text
+
+
+@pytest.mark.parametrize("text", ["\ue000", "a\ue001b", "\ue002\ue000\ue001 <|system_start|>x", "\ue000" * 3 + "</s>"])
+def test_text_holding_private_use_characters_is_text(chat, small_spec, text):
+    """Text may hold any character, the private-use ones the tokenizer marks text with included:
+    the marks are chosen per conversation among those its text does not hold."""
+    tools = [{"type": "function", "function": {"name": f"f{text}", "description": text, "parameters": {
+        "type": "object", "properties": {text: {"type": "string", "enum": [text, "b"]}}}}}]
+    msgs = [{"role": "system", "content": text}, {"role": "user", "content": [{"type": "text", "text": text}]},
+            {"role": "assistant", "content": text}]
+    enc = chat.encode_conversation(msgs, tools=tools, add_generation_prompt=True)
+    assert enc.text == render(msgs, tools=tools, add_generation_prompt=True)
+    assert chat.decode(enc.ids) == enc.text
+    for role in (1, 3, 4):  # system, user and assistant text come back whole, with no structure id
+        seg = [int(i) for i, r in zip(enc.ids, enc.roles, strict=True) if r == role]
+        assert not set(seg) & small_spec.structure_ids and text in chat.decode(seg)
+    assert list(enc.ids).count(small_spec.id("system_start")) == 1
+
+
+def test_error_messages_never_show_the_marks(chat):
+    """What the template refuses is reported with the request's own text, without the private-use marks."""
+    cases = [([{"type": "function", "function": {"name": "get_weather", "description": 7}}],
+              "tool 0 (get_weather): a tool's 'description' must be a string"),
+             ([{"type": "function", "function": {"name": "get_weather", "description": "d", "parameters": {
+                 "type": "object", "properties": {"p": {"type": "string", "enum": ["a"], "default": 3}}}}}],
+              "tool 0 (get_weather), parameter p: the default of an enum")]
+    for tools, want in cases:
+        with pytest.raises(ChatFormatError) as info:
+            chat.encode_conversation([{"role": "user", "content": "x"}], tools=tools)
+        msg = str(info.value)
+        assert msg.startswith(want) and not any("\ue000" <= ch <= "\uf8ff" for ch in msg), msg
+
+
+@pytest.mark.parametrize("value", ["false", "true", 0, 1, None, "no", [], {}])
+def test_template_flags_must_be_booleans(chat, value):
+    """``enable_thinking: "false"`` used to turn thinking on (a non-empty string is true in Jinja)."""
+    msgs = [{"role": "user", "content": "x"}]
+    for flag in ("enable_thinking", "add_generation_prompt", "continue_assistant_message"):
+        with pytest.raises(ChatFormatError, match=f"^{flag} must be true or false, got"):
+            render(msgs, **{flag: value})
+        with pytest.raises(ChatFormatError, match=f"^{flag} must be true or false, got"):
+            chat.encode_conversation(msgs, **{flag: value})
+    assert "Deliberation: disabled" in render(msgs, enable_thinking=np.bool_(False))
+
+
+def _nested_schema(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+def test_deep_nesting_is_a_clear_error_not_a_recursion_error(chat):
+    """A tool schema nested 200 levels deep exhausted the renderer's recursion (a 500 on a server)."""
+    msgs = [{"role": "user", "content": "x"}]
+    deep = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": _nested_schema(200)}}]
+    for call in (lambda: render(msgs, tools=deep), lambda: chat.encode_conversation(msgs, tools=deep)):
+        with pytest.raises(ChatFormatError, match=r"^tool 0: nested more than 100 levels"):
+            call()
+    args: dict = {}
+    for _ in range(300):
+        args = {"a": args}
+    calls = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "",
+                                                "tool_calls": [{"function": {"name": "f", "arguments": args}}]}]
+    with pytest.raises(ChatFormatError, match=r"^message 1: nested more than 100 levels"):
+        chat.encode_conversation(calls)
+    ok = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": _nested_schema(40)}}]
+    assert chat.encode_conversation(msgs, tools=ok).text == render(msgs, tools=ok)
 
 
 def test_media_placeholders_expand_in_order(chat, small_spec):
@@ -227,8 +359,7 @@ def _stream(text: str, cuts: list[int]):
 
 
 # ---------------------------------------------------------------- round trips
-texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\ue000\ue001\ue002"),
-                max_size=30)
+texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=30)  # private-use characters too
 args = st.dictionaries(st.text(alphabet="abcxyz_", min_size=1, max_size=5),
                        st.one_of(st.integers(-5, 5), st.text(max_size=8), st.booleans()), max_size=3)
 calls_st = st.lists(st.tuples(st.text(alphabet="abcdefgh_", min_size=1, max_size=6), args), max_size=3)

@@ -164,12 +164,35 @@ def test_cli_render_prints_every_canonical_render(tmp_path, capsys):
         assert capsys.readouterr().out == vec["rendered"], vec["name"]
 
 
-@pytest.mark.parametrize("vec", REJECTED, ids=[v["name"] for v in REJECTED])
+#: What the released template refuses but OpenAI clients send, accepted on purpose: a tool without
+#: its optional ``description`` renders as the released template renders an empty one.
+ACCEPTED = {"rejected_tool_without_description"}
+
+
+@pytest.mark.parametrize("vec", [v for v in REJECTED if v["name"] not in ACCEPTED],
+                         ids=[v["name"] for v in REJECTED if v["name"] not in ACCEPTED])
 def test_what_the_released_template_rejects_is_a_clear_error(vec, hf_tokenizer):
     with pytest.raises(ChatFormatError, match=r"^(message \d+|tool \d+)"):
         render(**kwargs_of(vec))
     with pytest.raises(Exception, match=r"(message \d+|tool \d+)"):  # the Jinja source alone, as transformers runs it
         _hf_render(hf_tokenizer, vec)
+
+
+def test_a_tool_without_description_renders_as_an_empty_description(hf_tokenizer):
+    """The OpenAI schema makes a tool's description optional and clients omit it (or send null). The
+    released template refuses it (UndefinedError) and renders an empty description as ``// `` on its
+    own line: a missing one renders exactly so, through render() and through the Jinja source."""
+    (vec,) = [v for v in REJECTED if v["name"] in ACCEPTED]
+    empty = {"messages": vec["input"]["messages"],
+             "tools": [{"type": "function", "function": {"name": "f", "description": ""}}]}
+    want = render(**empty)
+    assert "Tool Capabilities:\n// \ntype f = () => any;<|developer_end|>" in want
+    for fn in ({"name": "f"}, {"name": "f", "description": None}, {"name": "f", "description": None, "parameters": None}):
+        tools = [{"type": "function", "function": fn}]
+        assert render(vec["input"]["messages"], tools=tools) == want
+        assert _hf_render(hf_tokenizer, {"input": {"messages": vec["input"]["messages"], "tools": tools}}) == want
+    with pytest.raises(ChatFormatError, match=r"^tool 0 \(f\): a tool's 'description' must be a string"):
+        render(vec["input"]["messages"], tools=[{"type": "function", "function": {"name": "f", "description": 7}}])
 
 
 # ---------------------------------------------------------------- single behaviours, spelled out

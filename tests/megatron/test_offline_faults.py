@@ -320,3 +320,46 @@ def test_an_item_that_kills_its_worker_costs_only_itself(tmp_path: Path) -> None
     assert reasons.pop("c.wav") == "worker crashed" and reasons.pop("nan.wav") in NAN_REASONS and not reasons
     assert "died 2 times" in next(s["detail"] for s in report["skipped"] if s["source"].endswith("c.wav"))
     assert outputs(out) == outputs(clean)
+
+
+def _png_claiming(path: Path, width: int, height: int) -> Path:
+    """A small PNG whose header claims ``width x height`` (its pixel data is not that size: a decoder
+    would fail on it; planning must refuse it from the header alone)."""
+    import struct
+    import zlib
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 16), (200, 30, 30)).save(buf, format="PNG")
+    data = bytearray(buf.getvalue())
+    data[16:24] = struct.pack(">II", width, height)  # IHDR width, height
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))  # the IHDR chunk's CRC
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_an_image_above_the_media_limits_is_refused_from_its_header(tmp_path: Path) -> None:
+    """The core's limits (issue 32) hold in the offline pipeline: a 12000x12000 PNG is skipped at planning,
+    named, under its own reason, without a pixel decoded; ``--media-limit`` moves the limit."""
+    from PIL import Image
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    Image.new("RGB", (64, 48), (10, 120, 200)).save(folder / "ok.png")
+    _png_claiming(folder / "huge.png", 12_000, 12_000)
+    report = _in_process("pretrain", [str(folder)], tmp_path / "a" / "out")
+    (skip,) = report["skipped"]
+    assert skip["source"].endswith("huge.png") and skip["reason"] == "above a media limit", skip
+    assert skip["stage"] == "plan" and "12000" in skip["detail"] and "max_image_pixels" in skip["detail"], skip
+    assert report["items"] == {"total": 2, "written": 1, "skipped": 1}
+
+    # a lower limit through the command line refuses the small image too; an unknown name is refused
+    done = cli(["pretrain", str(folder / "ok.png"), "--out", str(tmp_path / "b" / "out"), "--workers", "0", "--no-progress",
+                "--max-bad-fraction", "1", "--media-limit", "max_image_pixels=1000", *_common()])
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "b" / "out.report.json").read_text())
+    assert [s["reason"] for s in report["skipped"]] == ["above a media limit"]
+    bad = cli(["pretrain", str(folder / "ok.png"), "--out", str(tmp_path / "c" / "out"), "--media-limit", "max_pixels=1",
+               *_common()])
+    assert bad.returncode == 2 and "max_image_pixels" in bad.stderr

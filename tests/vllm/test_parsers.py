@@ -161,3 +161,54 @@ def test_an_apertus_1p0_tokenizer_keeps_vllms_own_apertus_tool_parser(tok, tok_1
         assert got.tools_called == want.tools_called and got.content == want.content
         assert [(c.function.name, c.function.arguments) for c in got.tool_calls] == [
             (c.function.name, c.function.arguments) for c in want.tool_calls]
+
+
+# ---------------------------------------------------------------- structured outputs and the reasoning parser
+@pytest.fixture(scope="module")
+def chat(tok):
+    from apertus_plugins.core.chat import ChatTokenizer
+
+    return ChatTokenizer(tok.backend_tokenizer, VocabSpec.scaled())
+
+
+def _prompt(chat, thinking):
+    return [int(i) for i in chat.encode_conversation([{"role": "user", "content": "Weather in Lugano?"}],
+                                                     add_generation_prompt=True, enable_thinking=thinking).ids]
+
+
+def test_reasoning_is_over_before_the_first_token_when_thinking_is_off(tok, chat):
+    """vLLM's structured outputs (a forced call, tool_choice required, json_object/json_schema) wait for
+    ``is_reasoning_end``: it must be true on the prompt itself with thinking off, so the grammar holds
+    from the first answer token (the old parser said false on an empty output: ' de{"city": ...}')."""
+    from vllm_model.parsers import ApertusReasoningParser
+
+    off, on = _prompt(chat, False), _prompt(chat, True)
+    ids = {name: tok.convert_tokens_to_ids(lit) for name, lit in (("open", "<|inner_prefix|>"),
+                                                                  ("close", "<|inner_suffix|>"))}
+    text = tok.encode("Sunny.", add_special_tokens=False)
+    for kwargs in ({}, {"chat_template_kwargs": {}}, {"chat_template_kwargs": {"enable_thinking": False}}):
+        assert ApertusReasoningParser(tok, **kwargs).is_reasoning_end(off)  # the prompt says disabled
+    p = ApertusReasoningParser(tok, chat_template_kwargs={"enable_thinking": True})
+    assert not p.is_reasoning_end(on)  # the span may open: not over yet
+    assert not p.is_reasoning_end(on + [ids["open"]] + text)
+    assert p.is_reasoning_end(on + [ids["open"]] + text + [ids["close"]])  # closed: the grammar starts here
+    assert p.is_reasoning_end(on + text)  # no span opened: all answer
+    # without a developer block (a raw prompt) the request's flag decides
+    bare = tok.encode("<|assistant_start|>", add_special_tokens=False)
+    assert ApertusReasoningParser(tok, chat_template_kwargs={}).is_reasoning_end(bare)
+    assert not ApertusReasoningParser(tok, chat_template_kwargs={"enable_thinking": True}).is_reasoning_end(bare)
+
+
+def test_with_thinking_off_the_output_is_all_content_streamed_or_not(parser_cls, tok, chat):
+    text = "<|inner_prefix|>x<|inner_suffix|>Plain."
+    p = parser_cls(tok, chat_template_kwargs={"enable_thinking": False})
+    req = p.adjust_request(request(False))
+    assert p.parse(text, req, enable_auto_tools=False)[:2] == (None, text)
+    q = parser_cls(tok, chat_template_kwargs={"enable_thinking": False})
+    content = ""
+    for k, tid in enumerate(ids := tok.encode(text, add_special_tokens=False)):
+        msg = q.parse_delta(tok.decode([tid], skip_special_tokens=False), [tid], req,
+                            prompt_token_ids=_prompt(chat, False), finished=k == len(ids) - 1)
+        assert msg is None or not msg.reasoning
+        content += (msg.content or "") if msg else ""
+    assert content == text

@@ -12,17 +12,32 @@ after :func:`normalize_messages` has checked the messages.
 from __future__ import annotations
 
 import json
+import re
 from functools import cache
 from importlib import resources
 from typing import Any
 
-__all__ = ["VARIANTS", "ChatFormatError", "compile_template", "jinja_template", "media_placeholders",
-           "normalize_messages", "reasoning_as_blocks", "render"]
+import numpy as np
+
+from .parse import THINK_CLOSE, THINK_OPEN
+
+__all__ = ["VARIANTS", "MAX_NESTING", "REASONING_PARTS", "ChatFormatError", "compile_template", "jinja_template",
+           "lift_reasoning_parts", "media_placeholders", "normalize_messages", "normalize_tools",
+           "reasoning_as_blocks", "render"]
 
 VARIANTS = ("inference", "training")
 TEXT_PARTS = ("text",)
 ROLES = ("system", "user", "assistant", "tool")
 BLOCKS = ("thoughts", "response", "tool_calls", "tool_outputs")
+#: Assistant content parts that carry a previous turn's reasoning (OpenAI-style ``thinking`` parts,
+#: Anthropic's ``redacted_thinking``): reasoning, never answer text (:func:`lift_reasoning_parts`).
+REASONING_PARTS = ("thinking", "redacted_thinking", "reasoning")
+#: The deepest nesting of lists and mappings a conversation or its tools may have (a tool schema
+#: nested 200 levels deep otherwise exhausts the renderer's recursion). A JSON schema level takes
+#: two (the schema and its ``properties``): about 45 schema levels under a tool.
+MAX_NESTING = 100
+#: The template flags, which must be booleans (a string ``"false"`` would be true in the template).
+FLAGS = ("add_generation_prompt", "enable_thinking", "continue_assistant_message")
 
 
 class ChatFormatError(ValueError):
@@ -112,6 +127,78 @@ def _text_of(parts: list[Any]) -> str:
     return "".join(p if isinstance(p, str) else p["text"] for p in parts)
 
 
+def _nesting(obj: Any) -> int:
+    """The depth of nested lists and mappings in ``obj`` (a string or number is 0), without recursion."""
+    deepest = 0
+    stack = [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if isinstance(o, dict):
+            items: Any = o.values()
+        elif isinstance(o, (list, tuple)):
+            items = o
+        else:
+            continue
+        deepest = max(deepest, d)
+        if d > MAX_NESTING:
+            return d
+        stack.extend((x, d + 1) for x in items)
+    return deepest
+
+
+def _check_nesting(obj: Any, where: str) -> None:
+    if _nesting(obj) > MAX_NESTING:
+        raise ChatFormatError(f"{where}: nested more than {MAX_NESTING} levels of lists and mappings deep")
+
+
+def _reasoning_text(part: dict[str, Any]) -> str:
+    for key in ("thinking", "text", "reasoning", "data"):
+        if isinstance(part.get(key), str):
+            return part[key]
+    return ""
+
+
+def lift_reasoning_parts(messages: Any) -> Any:
+    """Assistant messages whose content parts carry reasoning (:data:`REASONING_PARTS`), with those
+    parts moved out of the content into ``reasoning_content`` (joined; an existing
+    ``reasoning_content`` or ``reasoning`` is kept). Other messages are returned as they are.
+
+    A previous turn's reasoning is rendered only as the released template renders reasoning: from
+    ``thoughts`` blocks (:func:`reasoning_as_blocks`); in the string form it is dropped, as the
+    released template drops ``reasoning_content``. It never becomes answer text. A server applies
+    this before its own message parsing flattens the parts into text (``vllm_model.renderer``).
+    """
+    if not isinstance(messages, list):
+        return messages
+    out = []
+    for m in messages:
+        c = m.get("content") if isinstance(m, dict) else None
+        if not (isinstance(m, dict) and m.get("role") == "assistant" and isinstance(c, list)
+                and any(isinstance(p, dict) and p.get("type") in REASONING_PARTS for p in c)):
+            out.append(m)
+            continue
+        thoughts = [_reasoning_text(p) for p in c if isinstance(p, dict) and p.get("type") in REASONING_PARTS]
+        m = {**m, "content": [p for p in c if not (isinstance(p, dict) and p.get("type") in REASONING_PARTS)]}
+        if not (m.get("reasoning_content") or m.get("reasoning")):
+            m["reasoning_content"] = "".join(thoughts)
+        out.append(m)
+    return out
+
+
+def normalize_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """Check the tool declarations' shape: ``None`` or a list of mappings, nested at most
+    :data:`MAX_NESTING` deep. (The template checks names, descriptions and schemas and names the tool.)"""
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise ChatFormatError(f"tools must be a list of tool declarations, got {type(tools).__name__}")
+    for k, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise ChatFormatError(f"tool {k}: a tool must be a mapping, got {type(tool).__name__}")
+        _check_nesting(tool, f"tool {k}")
+    return tools
+
+
 def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Check the messages and return them in the shape the released template renders.
 
@@ -123,14 +210,16 @@ def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ``{"parts": ...}``; system, assistant and tool: their text joined); tool-call arguments given
     as an object are kept (the template writes them as JSON). ``reasoning_content`` is ignored, as
     by the released template: thinking is rendered from ``thoughts`` blocks
-    (:func:`reasoning_as_blocks` converts). Raises :class:`ChatFormatError` naming the message for
+    (:func:`reasoning_as_blocks` converts); assistant reasoning parts (``thinking``...) are
+    reasoning, not answer text (:func:`lift_reasoning_parts`). Raises :class:`ChatFormatError` naming the message for
     what the format rejects: a non-mapping message, an unknown role, a system message that is not
     first, a tool message outside an assistant turn, an unknown part or block type, malformed tool
-    calls, and tool-output blocks whose entries are not ``{"output": ...}`` (the released template
-    would silently render those empty).
+    calls, tool-output blocks whose entries are not ``{"output": ...}`` (the released template
+    would silently render those empty), and messages nested deeper than :data:`MAX_NESTING`.
     """
     if not isinstance(messages, list):
         raise ChatFormatError("messages must be a list")
+    messages = lift_reasoning_parts(messages)
     out: list[dict[str, Any]] = []
     in_turn = False
     for i, m in enumerate(messages):
@@ -140,6 +229,7 @@ def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         role = m["role"]
         if role not in ROLES:
             raise ChatFormatError(f"{where}: unknown role {role!r} (expected one of {', '.join(ROLES)})")
+        _check_nesting(m, where)
         m = dict(m)
         c = m.get("content")
         if role == "system" and i != 0:
@@ -173,6 +263,8 @@ def _check_calls(calls: Any, where: str) -> None:
                 json.loads(args)
             except json.JSONDecodeError as exc:
                 raise ChatFormatError(f"{where}, call {k} ({fn['name']}): arguments are not JSON ({exc})") from exc
+            except RecursionError:
+                raise ChatFormatError(f"{where}, call {k} ({fn['name']}): arguments nested too deeply") from None
         elif not isinstance(args, dict):
             raise ChatFormatError(f"{where}, call {k} ({fn['name']}): arguments must be a JSON string or an object")
 
@@ -194,23 +286,70 @@ def _check_assistant(m: dict[str, Any], where: str) -> None:
         _check_calls(m["tool_calls"], f"{where}, tool_calls")
 
 
+_DELIMITERS = re.compile("|".join(re.escape(d) for d in THINK_OPEN + THINK_CLOSE))
+
+
+def _inline_blocks(text: str) -> list[dict[str, Any]]:
+    """Assistant text with thinking spans written into it, as ``thoughts`` and ``response`` blocks.
+
+    A span opens at ``<|inner_prefix|>`` or ``<think>`` and closes at ``<|inner_suffix|>`` or
+    ``</think>`` (an unclosed span runs to the end); a closing delimiter outside a span and an
+    opening one inside a span stay text. The blocks render the delimiters the text held, as ids.
+    """
+    blocks: list[dict[str, Any]] = []
+    inside, closed, cur, pos = False, False, "", 0
+    for m in _DELIMITERS.finditer(text):
+        cur += text[pos:m.start()]
+        pos = m.end()
+        lit = m.group()
+        if not inside and lit in THINK_OPEN:
+            if cur or closed:  # a response, or the empty one that closes the span before
+                blocks.append({"type": "response", "text": cur})
+            inside, closed, cur = True, False, ""
+        elif inside and lit in THINK_CLOSE:
+            blocks.append({"type": "thoughts", "text": cur})
+            inside, closed, cur = False, True, ""
+        else:
+            cur += lit
+    cur += text[pos:]
+    if inside:
+        blocks.append({"type": "thoughts", "text": cur})
+    elif cur or closed:
+        blocks.append({"type": "response", "text": cur})
+    return blocks
+
+
 def reasoning_as_blocks(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """OpenAI-style assistant messages with ``reasoning_content`` as the canonical blocks form.
+    """Training data's reasoning, in any of its forms, as the canonical blocks form.
 
     The released template renders thinking only from ``thoughts`` blocks (it ignores
-    ``reasoning_content``), and a conversation uses one assistant form throughout; so when any
-    assistant message carries ``reasoning_content`` (or ``reasoning``), every assistant message in
-    string form becomes ``{"blocks": [thoughts, response, tool_calls]}`` (the blocks it has), tool
-    calls as ``{"name", "arguments"}`` with JSON-string arguments. Other conversations are
-    returned unchanged. Used for SFT data (``apertus tokenize sft``).
+    ``reasoning_content``; thinking delimiters written in assistant text are text, as any text),
+    and a conversation uses one assistant form throughout. So when any assistant message carries
+    ``reasoning_content`` (or ``reasoning``, or reasoning parts: :func:`lift_reasoning_parts`) or a
+    thinking span written into its text (``<think>…</think>`` or
+    ``<|inner_prefix|>…<|inner_suffix|>``, :func:`_inline_blocks`), every assistant message in
+    string form becomes ``{"blocks": [thoughts, response, ..., tool_calls]}`` (the blocks it has),
+    tool calls as ``{"name", "arguments"}`` with JSON-string arguments. Other conversations are
+    returned unchanged. Used for SFT data (``apertus tokenize sft``); a server never applies it to
+    a request's history, whose text stays text.
     """
     def reasoning(m: dict[str, Any]) -> Any:
         return m.get("reasoning_content") or m.get("reasoning")
 
-    if not any(m.get("role") == "assistant" and reasoning(m) for m in messages):
+    def text_of(c: Any) -> str:
+        if isinstance(c, str):
+            return c
+        if isinstance(c, list):
+            return "".join(p if isinstance(p, str) else p.get("text", "") if isinstance(p, dict) else "" for p in c)
+        return ""
+
+    lifted = lift_reasoning_parts(messages)
+    if not isinstance(lifted, list) or not any(
+            isinstance(m, dict) and m.get("role") == "assistant"
+            and (reasoning(m) or any(o in text_of(m.get("content")) for o in THINK_OPEN)) for m in lifted):
         return messages
     out = []
-    for m in normalize_messages(messages):
+    for m in normalize_messages(lifted):
         c = m.get("content")
         if m["role"] != "assistant" or not isinstance(c, str):
             out.append(m)
@@ -219,7 +358,7 @@ def reasoning_as_blocks(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if reasoning(m):
             blocks.append({"type": "thoughts", "text": reasoning(m)})
         if c:
-            blocks.append({"type": "response", "text": c})
+            blocks.extend(_inline_blocks(c))
         if m.get("tool_calls"):
             calls = []
             for call in m["tool_calls"]:
@@ -247,8 +386,8 @@ def render(
 
     ``template`` renders with another template source (a checkpoint's) instead of ``variant``'s.
     """
-    return render_normalized(normalize_messages(messages), tools, add_generation_prompt, enable_thinking,
-                             continue_assistant_message, variant, bos_token, template)
+    return render_normalized(normalize_messages(messages), normalize_tools(tools), add_generation_prompt,
+                             enable_thinking, continue_assistant_message, variant, bos_token, template)
 
 
 def render_normalized(
@@ -260,19 +399,29 @@ def render_normalized(
     variant: str = "inference",
     bos_token: str = "<s>",
     template: str | None = None,
+    marks: str | None = None,
 ) -> str:
-    """Render messages that :func:`normalize_messages` has already checked."""
+    """Render messages that :func:`normalize_messages` has already checked.
+
+    ``marks``: the private-use characters :class:`~apertus_plugins.core.chat.ChatTokenizer` wrapped the
+    request's text in (the template ignores them where it measures or compares a string).
+    """
     from jinja2 import TemplateError
 
+    for flag, value in zip(FLAGS, (add_generation_prompt, enable_thinking, continue_assistant_message), strict=True):
+        if not isinstance(value, (bool, np.bool_)):
+            raise ChatFormatError(f"{flag} must be true or false, got {value!r} ({type(value).__name__})")
     compiled = _compiled(variant) if template is None else compile_template(template)
+    extra = {} if marks is None else {"apertus_marks": marks}
     try:
         return compiled.render(
             messages=msgs,
             tools=tools or None,
-            add_generation_prompt=add_generation_prompt,
-            enable_thinking=enable_thinking,
-            continue_assistant_message=continue_assistant_message,
+            add_generation_prompt=bool(add_generation_prompt),
+            enable_thinking=bool(enable_thinking),
+            continue_assistant_message=bool(continue_assistant_message),
             bos_token=bos_token,
+            **extra,
         )
     except ChatFormatError:
         raise

@@ -7,16 +7,20 @@ ids; every text segment is encoded by the tokenizer's pre-tokenizer and model al
 added or special token and no alias rewrite can fire inside it. If a merge ever produced a
 structure id inside text, that piece is re-encoded character by character.
 
-How user text is told apart from the template's own structure: before rendering, every string
-of the messages and tools that reaches the output (message content, tool outputs, tool calls,
-tool names, descriptions, property names, enum values, type names and defaults, strings inside
-JSON defaults included) is wrapped in private-use sentinel characters, which are removed again
-while the rendered string is scanned (the template ignores them where it measures or compares a
-string, so the rendered bytes do not change). Assistant text is the one exception to "no
-structure": the thinking delimiters in it, in either surface form (``<|inner_prefix|>`` or
-``<think>``, ``<|inner_suffix|>`` or ``</think>``), become the delimiter ids, as the released
-tokenizer's normalizer does for training data; any other structure literal in assistant text
-stays plain text.
+How request text is told apart from the template's own structure: before rendering, every
+string of the messages and tools that reaches the output (message content, assistant text
+included, tool outputs, tool calls, tool names, descriptions, property names, enum values, type
+names and defaults, strings inside JSON defaults included) is wrapped in two private-use marks,
+which are removed again while the rendered string is scanned (the template ignores them where it
+measures or compares a string, so the rendered bytes do not change). The marks are chosen per
+conversation among the private-use characters its text does not hold (U+E000 and U+E001 unless
+the text uses them), so any text, private-use characters included, stays text.
+
+One rule for every role, assistant history included: text is text. ``<think>``,
+``<|inner_prefix|>``, ``<|assistant_end|>`` written in an assistant message stay plain text, as in
+a user message; the thinking delimiters come only from the template, which renders a previous
+turn's reasoning from ``thoughts`` blocks, and drops ``reasoning_content`` and reasoning parts as
+the released template does (:func:`~apertus_plugins.core.chat.template.normalize_messages`).
 
 Media placeholders (the parts of every registered modality, :mod:`apertus_plugins.plugins`)
 expand into the media sequences given in ``media``, in order of appearance, their codes taking the
@@ -26,6 +30,7 @@ processor expands later.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Iterator, Sequence
@@ -35,9 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from apertus_plugins.core.vocab import ALIASES, CODE_TOKEN_FORMATS, LEGACY_REWRITES, VocabSpec, default_spec
-
-from .template import ChatFormatError, normalize_messages, render_normalized
+from ..vocab import CODE_TOKEN_FORMATS, LEGACY_REWRITES, VocabSpec, default_spec
+from .template import MAX_NESTING, ChatFormatError, normalize_messages, normalize_tools, render_normalized
 
 __all__ = ["ROLES", "ChatTokenizer", "Encoded", "MediaItem", "injection_literals"]
 
@@ -48,8 +52,11 @@ _ROLE = {name: k for k, name in enumerate(ROLES)}
 _OPENS = {"system_start": "system", "developer_start": "developer", "user_start": "user",
           "assistant_start": "assistant", "tool_output_start": "tool", "tool_output_end": "assistant"}
 
-_U_OPEN, _A_OPEN, _CLOSE = "\ue000", "\ue002", "\ue001"
-_SENTINELS = re.compile(f"([{_U_OPEN}{_A_OPEN}{_CLOSE}])")
+#: The private-use characters that mark request text in the rendered string, by default; a request
+#: whose text holds either gets two other private-use characters (:func:`_marks_for`).
+DEFAULT_MARKS = ("\ue000", "\ue001")
+#: Private-use ranges the marks are drawn from (the BMP area, then planes 15 and 16).
+_PRIVATE_USE = ((0xE000, 0xF8FF), (0xF0000, 0xFFFFD), (0x100000, 0x10FFFD))
 
 
 def injection_literals(spec: VocabSpec) -> list[str]:
@@ -92,144 +99,171 @@ class Encoded:
             yield ROLES[int(self.roles[a])], int(a), int(b)
 
 
-def _wrap(s: Any, mark: str = _U_OPEN) -> Any:
-    """A string the template prints verbatim, marked as text (the empty string stays empty:
-    the template tests some strings for truth)."""
-    if not isinstance(s, str) or not s:
-        return s
-    if _SENTINELS.search(s):
-        raise ChatFormatError("text contains a private-use character U+E000..U+E002 reserved by the tokenizer")
-    return f"{mark}{s}{_CLOSE}"
+def _strings(*objs: Any) -> Iterator[str]:
+    """Every string in nested lists and mappings (keys included), without recursion."""
+    stack = list(objs)
+    while stack:
+        o = stack.pop()
+        if isinstance(o, str):
+            yield o
+        elif isinstance(o, dict):
+            stack.extend(o.keys())
+            stack.extend(o.values())
+        elif isinstance(o, (list, tuple)):
+            stack.extend(o)
 
 
-def _printed(v: Any, mark: str = _U_OPEN) -> str:
-    """A value the template prints with ``str()`` (a number, a container), marked as text."""
-    return _wrap(v if isinstance(v, str) else str(v), mark)
+def _marks_for(*objs: Any) -> tuple[str, str]:
+    """Two private-use characters that occur in no string of ``objs``: the default pair unless the
+    request's own text holds one of them (text may hold any character; the marks adapt to it)."""
+    if not any(DEFAULT_MARKS[0] in s or DEFAULT_MARKS[1] in s for s in _strings(*objs)):
+        return DEFAULT_MARKS
+    used = set().union(*(set(s) for s in _strings(*objs)))
+    free = (chr(c) for lo, hi in _PRIVATE_USE for c in range(lo, hi + 1) if chr(c) not in used)
+    marks = tuple(itertools.islice(free, 2))
+    if len(marks) < 2:
+        raise ChatFormatError("the request's text uses every private-use character; it cannot be marked as text")
+    return marks[0], marks[1]
 
 
-def _wrap_json(v: Any) -> Any:
-    """A value the template writes with ``tojson``: every string inside it marked."""
-    if isinstance(v, str):
-        return _wrap(v)
-    if isinstance(v, list):
-        return [_wrap_json(x) for x in v]
-    if isinstance(v, dict):
-        return {_wrap(k): _wrap_json(x) for k, x in v.items()}
-    return v
+class _Marker:
+    """Wraps every string the template prints in the two marks: ``open + text + close``."""
 
+    def __init__(self, marks: tuple[str, str]) -> None:
+        self.open, self.close = marks
 
-def _wrap_content(content: Any, mark: str) -> Any:
-    if isinstance(content, str):
-        return _wrap(content, mark)
-    if isinstance(content, dict) and "parts" in content:
-        parts = [_wrap(p, mark) if isinstance(p, str) else
-                 dict(p, text=_wrap(p["text"], mark)) if p.get("type") == "text" else p for p in content["parts"]]
-        return {**content, "parts": parts}
-    if isinstance(content, dict) and "blocks" in content:
-        blocks = []
-        for b in content["blocks"]:
-            b = dict(b)
-            if "text" in b:
-                b["text"] = _printed(b["text"], mark)
-            if isinstance(b.get("outputs"), list):
-                b["outputs"] = [dict(o, output=_printed(o["output"])) if isinstance(o, dict) and "output" in o else o
-                                for o in b["outputs"]]
-            if isinstance(b.get("calls"), list):
-                b["calls"] = [_wrap_call(c) for c in b["calls"]]
-            blocks.append(b)
-        return {**content, "blocks": blocks}
-    return content
+    def wrap(self, s: Any) -> Any:
+        """A string the template prints verbatim, marked as text (the empty string stays empty:
+        the template tests some strings for truth)."""
+        if not isinstance(s, str) or not s:
+            return s
+        return f"{self.open}{s}{self.close}"
 
+    def printed(self, v: Any) -> str:
+        """A value the template prints with ``str()`` (a number, a container), marked as text."""
+        return self.wrap(v if isinstance(v, str) else str(v))
 
-def _wrap_fn(fn: dict[str, Any]) -> dict[str, Any]:
-    """A call's (or a tool's) name and arguments marked as text; arguments given as an object are
-    written as the JSON the template would write (``tojson``)."""
-    fn = dict(fn)
-    fn["name"] = _wrap(fn.get("name"))
-    args = fn.get("arguments")
-    if isinstance(args, dict):
-        fn["arguments"] = _wrap(json.dumps(args, ensure_ascii=False))
-    elif isinstance(args, str):
-        fn["arguments"] = _wrap(args)
-    return fn
+    def json(self, v: Any) -> Any:
+        """A value the template writes with ``tojson``: every string inside it marked."""
+        if isinstance(v, str):
+            return self.wrap(v)
+        if isinstance(v, list):
+            return [self.json(x) for x in v]
+        if isinstance(v, dict):
+            return {self.wrap(k): self.json(x) for k, x in v.items()}
+        return v
 
+    def content(self, content: Any) -> Any:
+        if isinstance(content, str):
+            return self.wrap(content)
+        if isinstance(content, dict) and isinstance(content.get("parts"), list):
+            parts = [self.wrap(p) if isinstance(p, str) else
+                     dict(p, text=self.wrap(p.get("text"))) if isinstance(p, dict) and p.get("type") == "text" else p
+                     for p in content["parts"]]
+            return {**content, "parts": parts}
+        if isinstance(content, dict) and isinstance(content.get("blocks"), list):
+            blocks = []
+            for b in content["blocks"]:
+                if not isinstance(b, dict):
+                    blocks.append(b)
+                    continue
+                b = dict(b)
+                if "text" in b:
+                    b["text"] = self.printed(b["text"])
+                if isinstance(b.get("outputs"), list):
+                    b["outputs"] = [dict(o, output=self.printed(o["output"])) if isinstance(o, dict) and "output" in o
+                                    else o for o in b["outputs"]]
+                if isinstance(b.get("calls"), list):
+                    b["calls"] = [self.call(c) for c in b["calls"]]
+                blocks.append(b)
+            return {**content, "blocks": blocks}
+        return content
 
-def _wrap_call(call: Any) -> Any:
-    """The same call, its shape kept (the template reads ``name`` of a bare call)."""
-    if not isinstance(call, dict):
-        return call
-    if isinstance(call.get("function"), dict) and call["function"]:
-        return {**call, "function": _wrap_fn(call["function"])}
-    return _wrap_fn(call)
+    def fn(self, fn: dict[str, Any]) -> dict[str, Any]:
+        """A call's name and arguments marked as text; arguments given as an object are written as
+        the JSON the template would write (``tojson``)."""
+        fn = dict(fn)
+        fn["name"] = self.wrap(fn.get("name"))
+        args = fn.get("arguments")
+        if isinstance(args, dict):
+            fn["arguments"] = self.wrap(json.dumps(args, ensure_ascii=False))
+        elif isinstance(args, str):
+            fn["arguments"] = self.wrap(args)
+        return fn
 
+    def call(self, call: Any) -> Any:
+        """The same call, its shape kept (the template reads ``name`` of a bare call)."""
+        if not isinstance(call, dict):
+            return call
+        if isinstance(call.get("function"), dict) and call["function"]:
+            return {**call, "function": self.fn(call["function"])}
+        return self.fn(call)
 
-def _wrap_schema(schema: Any) -> Any:
-    if not isinstance(schema, dict):
-        return schema
-    out = dict(schema)
-    if isinstance(out.get("description"), str):
-        out["description"] = _wrap(out["description"])
-    if "default" in out:
-        out["default"] = _wrap_json(out["default"])
-    enum = out.get("enum")
-    if isinstance(enum, list):
-        out["enum"] = [_printed(v) for v in enum]
-    elif isinstance(enum, dict):
-        out["enum"] = {_printed(k): v for k, v in enum.items()}
-    if isinstance(out.get("type"), list):
-        out["type"] = [_printed(t) for t in out["type"]]
-    if isinstance(out.get("properties"), dict):
-        out["properties"] = {_wrap(k): _wrap_schema(v) for k, v in out["properties"].items()}
-    if isinstance(out.get("required"), list):
-        out["required"] = [_wrap(r) for r in out["required"]]
-    if isinstance(out.get("items"), dict):
-        out["items"] = _wrap_schema(out["items"])
-    if isinstance(out.get("oneOf"), list):
-        out["oneOf"] = [_wrap_schema(v) for v in out["oneOf"]]
-    return out
+    def schema(self, schema: Any) -> Any:
+        if not isinstance(schema, dict):
+            return schema
+        out = dict(schema)
+        if isinstance(out.get("description"), str):
+            out["description"] = self.wrap(out["description"])
+        if "default" in out:
+            out["default"] = self.json(out["default"])
+        enum = out.get("enum")
+        if isinstance(enum, list):
+            out["enum"] = [self.printed(v) for v in enum]
+        elif isinstance(enum, dict):
+            out["enum"] = {self.printed(k): v for k, v in enum.items()}
+        if isinstance(out.get("type"), list):
+            out["type"] = [self.printed(t) for t in out["type"]]
+        if isinstance(out.get("properties"), dict):
+            out["properties"] = {self.wrap(k): self.schema(v) for k, v in out["properties"].items()}
+        if isinstance(out.get("required"), list):
+            out["required"] = [self.wrap(r) for r in out["required"]]
+        if isinstance(out.get("items"), dict):
+            out["items"] = self.schema(out["items"])
+        if isinstance(out.get("oneOf"), list):
+            out["oneOf"] = [self.schema(v) for v in out["oneOf"]]
+        return out
 
+    def tool(self, tool: Any) -> Any:
+        if not isinstance(tool, dict):
+            return tool
 
-def _wrap_tool(tool: Any) -> Any:
-    if not isinstance(tool, dict):
-        return tool
+        def fn(f: dict[str, Any]) -> dict[str, Any]:
+            f = dict(f)
+            f["name"] = self.wrap(f.get("name"))
+            if isinstance(f.get("description"), str):
+                f["description"] = self.wrap(f["description"])
+            if isinstance(f.get("parameters"), dict):
+                f["parameters"] = self.schema(f["parameters"])
+            return f
 
-    def fn(f: dict[str, Any]) -> dict[str, Any]:
-        f = dict(f)
-        f["name"] = _wrap(f.get("name"))
-        if isinstance(f.get("description"), str):
-            f["description"] = _wrap(f["description"])
-        if isinstance(f.get("parameters"), dict):
-            f["parameters"] = _wrap_schema(f["parameters"])
-        return f
+        if isinstance(tool.get("function"), dict) and tool["function"]:
+            return {**tool, "function": fn(tool["function"])}
+        return fn(tool)
 
-    if isinstance(tool.get("function"), dict) and tool["function"]:
-        return {**tool, "function": fn(tool["function"])}
-    return fn(tool)
+    def tools(self, tools: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        return [self.tool(t) for t in tools] if tools else None
 
-
-def _wrap_tools(tools: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    return [_wrap_tool(t) for t in tools] if tools else None
-
-
-def _wrap_messages(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every string of the messages that the template prints, marked: assistant text with
-    ``_A_OPEN`` (thinking delimiters in it become ids), all other text with ``_U_OPEN``."""
-    out = []
-    for m in msgs:
-        m = dict(m)
-        role = m["role"]
-        if "content" in m:
-            c = m["content"]
-            if role == "system" and isinstance(c, dict) and "text" in c:
-                m["content"] = dict(c, text=_wrap(c["text"]))
-            elif role == "tool" and not isinstance(c, str):
-                m["content"] = _printed(c)
-            else:
-                m["content"] = _wrap_content(c, _A_OPEN if role == "assistant" else _U_OPEN)
-        if role == "assistant" and isinstance(m.get("tool_calls"), list):
-            m["tool_calls"] = [_wrap_call(c) for c in m["tool_calls"]]
-        out.append(m)
-    return out
+    def messages(self, msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Every string of the messages that the template prints, marked as text; assistant text
+        included: text in a conversation is text whoever wrote it (only the template's own
+        structure, thinking spans of ``thoughts`` blocks among it, becomes structure ids)."""
+        out = []
+        for m in msgs:
+            m = dict(m)
+            role = m["role"]
+            if "content" in m:
+                c = m["content"]
+                if role == "system" and isinstance(c, dict) and "text" in c:
+                    m["content"] = dict(c, text=self.wrap(c["text"]))
+                elif role == "tool" and not isinstance(c, str):
+                    m["content"] = self.printed(c)
+                else:
+                    m["content"] = self.content(c)
+            if role == "assistant" and isinstance(m.get("tool_calls"), list):
+                m["tool_calls"] = [self.call(c) for c in m["tool_calls"]]
+            out.append(m)
+        return out
 
 
 class ChatTokenizer:
@@ -254,11 +288,6 @@ class ChatTokenizer:
         lits = {self.spec.literal(n): i for n, i in self.spec.name_to_id.items()}
         self._structure = lits
         self._structure_re = re.compile("|".join(re.escape(s) for s in sorted(lits, key=len, reverse=True)))
-        delims = {self.spec.literal("inner_prefix"): self.spec.id("inner_prefix"),
-                  self.spec.literal("inner_suffix"): self.spec.id("inner_suffix")}
-        delims.update({a: self.spec.id(n) for a, n in ALIASES.items() if n in ("inner_prefix", "inner_suffix")})
-        self._delims = delims
-        self._delim_re = re.compile("|".join(re.escape(s) for s in sorted(delims, key=len, reverse=True)))
         self._id_to_name = self.spec.id_to_name
         from apertus_plugins.plugins import registry
 
@@ -306,19 +335,36 @@ class ChatTokenizer:
         ``template`` renders with another template source (a checkpoint's) instead of ``variant``'s;
         the guarantees hold as long as that template emits user strings unchanged.
         """
-        msgs = _wrap_messages(normalize_messages(messages))
-        text = render_normalized(msgs, tools=_wrap_tools(tools), add_generation_prompt=add_generation_prompt,
-                                 enable_thinking=enable_thinking,
-                                 continue_assistant_message=continue_assistant_message, variant=variant,
-                                 bos_token=self.spec.literal("bos"), template=template)
-        return self._scan(text, media)
+        marks = DEFAULT_MARKS
+        try:
+            norm = normalize_messages(messages)
+            checked_tools = normalize_tools(tools)
+            marks = _marks_for(norm, checked_tools)
+            marker = _Marker(marks)
+            text = render_normalized(marker.messages(norm), tools=marker.tools(checked_tools),
+                                     add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking,
+                                     continue_assistant_message=continue_assistant_message, variant=variant,
+                                     bos_token=self.spec.literal("bos"), template=template, marks="".join(marks))
+        except ChatFormatError as exc:  # its message may quote marked text: the marks never show
+            raise ChatFormatError(str(exc).replace(marks[0], "").replace(marks[1], "")) from None
+        except (TypeError, AttributeError, KeyError, IndexError) as exc:  # a shape nothing above expected
+            msg = f"the conversation cannot be rendered: {type(exc).__name__}: {exc}"
+            raise ChatFormatError(msg.replace(marks[0], "").replace(marks[1], "")) from None
+        except RecursionError:
+            raise ChatFormatError(f"the conversation nests too deeply to render (at most {MAX_NESTING} levels of "
+                                  "lists and mappings)") from None
+        try:
+            return self._scan(text, media, marks)
+        except UnicodeError as exc:  # a lone surrogate: not text any tokenizer can encode
+            raise ChatFormatError(f"the conversation holds text that is not valid Unicode ({exc})") from None
 
-    def _scan(self, text: str, media: Sequence[MediaItem] | None) -> Encoded:
+    def _scan(self, text: str, media: Sequence[MediaItem] | None, marks: tuple[str, str]) -> Encoded:
         ids: list[int] = []
         roles: list[int] = []
         buf: list[str] = []
         state = {"role": "structure", "media": 0}
         placeholders = self._placeholders
+        opener, closer = marks
 
         def flush() -> None:
             if buf:
@@ -353,26 +399,17 @@ class ChatTokenizer:
             if name in _OPENS:
                 state["role"] = _OPENS[name]
 
-        mode = None
-        for chunk in _SENTINELS.split(text):
-            if chunk in (_U_OPEN, _A_OPEN):
-                mode = chunk
+        marked = False
+        for chunk in re.split(f"([{re.escape(opener)}{re.escape(closer)}])", text):
+            if chunk == opener:
+                marked = True
+            elif chunk == closer:
+                marked = False
+            elif not chunk:
                 continue
-            if chunk == _CLOSE:
-                mode = None
-                continue
-            if not chunk:
-                continue
-            if mode == _U_OPEN:
+            elif marked:  # request text: plain text, whatever it holds
                 buf.append(chunk)
-            elif mode == _A_OPEN:
-                pos = 0
-                for m in self._delim_re.finditer(chunk):
-                    buf.append(chunk[pos:m.start()])
-                    structure(self._delims[m.group()])
-                    pos = m.end()
-                buf.append(chunk[pos:])
-            else:
+            else:  # the template's own text: its structure literals are structure
                 pos = 0
                 for m in self._structure_re.finditer(chunk):
                     buf.append(chunk[pos:m.start()])
@@ -383,7 +420,8 @@ class ChatTokenizer:
         if media is not None and state["media"] != len(media):
             raise ChatFormatError(f"{len(media)} media items given but the conversation has "
                                   f"{state['media']} media placeholders")
-        return Encoded(np.asarray(ids, dtype=np.int64), np.asarray(roles, dtype=np.uint8), _SENTINELS.sub("", text))
+        return Encoded(np.asarray(ids, dtype=np.int64), np.asarray(roles, dtype=np.uint8),
+                       text.replace(opener, "").replace(closer, ""))
 
     def ids_by_role(self, enc: Encoded) -> list[dict[str, Any]]:
         """``[{"role": ..., "ids": [...]}, ...]`` for ``apertus render --ids``."""

@@ -1,5 +1,5 @@
-"""Images and audio as token sequences: preprocessing, grid sizes and code counts, layouts."""
+"""Images and audio as token sequences: preprocessing, grid sizes and code counts, layouts, limits."""
 
-from . import audio, image
+from . import audio, image, limits
 
-__all__ = ["audio", "image"]
+__all__ = ["audio", "image", "limits"]

@@ -16,12 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from apertus_plugins.core.vocab import VocabSpec
+from ..vocab import VocabSpec
+from .limits import MediaLimits, check_audio_header, check_audio_samples
 
 __all__ = [
     "SAMPLE_RATE", "HOP", "TARGET_PEAK_DBFS", "AudioError", "AudioPolicy", "AUDIO_POLICIES", "RESAMPLERS",
     "RESAMPLED_LENGTHS",
-    "load_audio", "peak_normalize", "preprocess_audio", "resampled_length", "audio_code_count", "audio_only_sequence",
+    "load_audio", "peak_normalize", "mono_24k", "normalize_audio", "preprocess_audio", "resampled_length", "audio_code_count", "audio_only_sequence",
     "audio_sequence", "audio_placeholder_sequence", "transcription_sequence", "interleaved_sequences",
 ]
 
@@ -34,16 +35,18 @@ class AudioError(ValueError):
     """Audio that cannot be turned into a token sequence; the message names it."""
 
 
-def load_audio(source: str | Path | bytes, always_2d: bool = True) -> tuple[np.ndarray, int]:
-    """Decode a file (or its bytes) with soundfile.
+def load_audio(source: str | Path | bytes, always_2d: bool = True,
+               limits: MediaLimits | None = None) -> tuple[np.ndarray, int]:
+    """Decode a file (or its bytes) with soundfile, after checking its header against ``limits``.
 
     Returns:
         ``(waveform, sample_rate)``: float32 ``[channels, samples]`` (``[samples]`` for a mono file
         when ``always_2d`` is False).
 
     Raises:
-        FileNotFoundError: no such file. AudioError: not audio, a format libsndfile cannot read, or
-        no samples; the message names the file.
+        FileNotFoundError: no such file. AudioError: not audio, a format libsndfile cannot read,
+        no samples, or a header beyond ``limits`` (length, sample rate, channels), checked before
+        anything is decoded; the message names the file.
     """
     import soundfile as sf
 
@@ -54,8 +57,13 @@ def load_audio(source: str | Path | bytes, always_2d: bool = True) -> tuple[np.n
     if (len(source) if is_bytes else Path(source).stat().st_size) == 0:
         raise AudioError(f"{name}: the file is empty (zero bytes)")
     try:
-        data, rate = sf.read(io.BytesIO(bytes(source)) if is_bytes else str(source), dtype="float32", always_2d=True)
-    except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
+        with sf.SoundFile(io.BytesIO(bytes(source)) if is_bytes else str(source)) as fh:
+            check_audio_header(fh.frames, fh.samplerate, fh.channels, limits, name)
+            data = fh.read(dtype="float32", always_2d=True)
+            rate = fh.samplerate
+    except AudioError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever libsndfile raises on a malformed file is bad input
         raise AudioError(f"{name}: not a readable audio file or an unsupported format ({exc})") from exc
     if data.shape[0] == 0:
         raise AudioError(f"{name}: the audio has no samples")
@@ -140,35 +148,70 @@ def peak_normalize(x: np.ndarray, target_dbfs: float = TARGET_PEAK_DBFS) -> np.n
     return x * (target / max(float(np.abs(x).max()), 1e-10))
 
 
-def preprocess_audio(waveform: Any, sample_rate: int, policy: str | AudioPolicy = "released") -> np.ndarray:
+def mono_24k(waveform: Any, sample_rate: int, policy: str | AudioPolicy = "released",
+             limits: MediaLimits | None = None, name: str = "audio") -> np.ndarray:
+    """Check, downmix to mono and resample to 24 kHz: float32 ``[samples]``, not yet normalized.
+
+    The checks come first (:mod:`apertus_plugins.core.media.limits`): the length, rate and channel
+    count from the numbers alone, then every sample finite and within ``limits.max_abs_sample``,
+    so neither the downmix nor the resampling can overflow or carry a NaN. A mono clip already at
+    24 kHz comes back unchanged (the same float32 values): applying this twice is applying it once.
+
+    Raises:
+        AudioError: naming ``name`` and the problem.
+    """
+    p = _audio_policy(policy)
+    try:
+        x = np.asarray(waveform)
+    except Exception as exc:  # noqa: BLE001 - ragged lists and the like
+        raise AudioError(f"{name}: not an array of samples ({exc})") from exc
+    if x.ndim not in (1, 2):
+        raise AudioError(f"{name}: audio must be [samples] or [channels, samples], got shape {x.shape}")
+    if not isinstance(sample_rate, (int, float, np.integer, np.floating)) or isinstance(sample_rate, bool):
+        raise AudioError(f"{name}: invalid sample rate {sample_rate!r}")
+    channels, frames = (1, x.shape[0]) if x.ndim == 1 else x.shape
+    check_audio_header(frames, sample_rate, channels, limits, name)
+    check_audio_samples(x, limits, name)
+    x = x.astype(np.float32, copy=False)
+    if x.ndim == 2:
+        if p.downmix != "mean":
+            raise ValueError(f"unknown downmix {p.downmix!r}; the only downmix is 'mean'")
+        x = x.mean(axis=0, dtype=np.float32)
+    rate = int(sample_rate)
+    if rate != SAMPLE_RATE:
+        try:
+            resample = RESAMPLERS[p.resampler]
+        except KeyError:
+            raise ValueError(f"unknown resampler {p.resampler!r}; resamplers are {', '.join(RESAMPLERS)}") from None
+        x = resample(x, rate)
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def normalize_audio(x: np.ndarray, policy: str | AudioPolicy = "released") -> np.ndarray:
+    """The policy's level normalization of a :func:`mono_24k` clip (peak to -3 dBFS for ``released``)."""
+    p = _audio_policy(policy)
+    if p.target_peak_dbfs is None:
+        return np.ascontiguousarray(x, dtype=np.float32)
+    return np.ascontiguousarray(peak_normalize(x, p.target_peak_dbfs), dtype=np.float32)
+
+
+def preprocess_audio(waveform: Any, sample_rate: int, policy: str | AudioPolicy = "released",
+                     limits: MediaLimits | None = None, name: str = "audio") -> np.ndarray:
     """Downmix to mono, resample to 24 kHz and peak-normalize: float32 ``[samples]`` at 24 kHz.
 
     Args:
         waveform: ``[samples]`` or ``[channels, samples]`` (as :func:`load_audio` returns it).
         sample_rate: its rate in Hz.
         policy: a name in :data:`AUDIO_POLICIES` or an :class:`AudioPolicy`.
+        limits: a :class:`~apertus_plugins.core.media.limits.MediaLimits` (default: its defaults),
+            checked before any work (see :func:`mono_24k`).
+        name: how error messages name the clip.
+
+    Raises:
+        AudioError: non-finite samples, samples beyond ``limits.max_abs_sample``, no samples, a
+            sample rate, channel count or length beyond ``limits``; the message names the clip.
     """
-    p = _audio_policy(policy)
-    x = np.asarray(waveform, dtype=np.float32)
-    if x.ndim == 2:
-        if p.downmix != "mean":
-            raise ValueError(f"unknown downmix {p.downmix!r}; the only downmix is 'mean'")
-        x = x.mean(axis=0, dtype=np.float32)
-    elif x.ndim != 1:
-        raise AudioError(f"audio must be [samples] or [channels, samples], got shape {x.shape}")
-    if x.size == 0:
-        raise AudioError("the audio has no samples")
-    if sample_rate <= 0:
-        raise AudioError(f"invalid sample rate {sample_rate}")
-    if sample_rate != SAMPLE_RATE:
-        try:
-            resample = RESAMPLERS[p.resampler]
-        except KeyError:
-            raise ValueError(f"unknown resampler {p.resampler!r}; resamplers are {', '.join(RESAMPLERS)}") from None
-        x = resample(x, int(sample_rate))
-    if p.target_peak_dbfs is not None:
-        x = peak_normalize(x, p.target_peak_dbfs)
-    return np.ascontiguousarray(x, dtype=np.float32)
+    return normalize_audio(mono_24k(waveform, sample_rate, policy, limits, name), policy)
 
 
 def resampled_length(num_samples: int, sample_rate: int, policy: str | AudioPolicy = "released") -> int:

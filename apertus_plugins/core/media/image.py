@@ -17,11 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from apertus_plugins.core.vocab import VocabSpec
+from ..vocab import VocabSpec
+from .limits import MediaLimits, check_image_size, prereduce_factor
 
 __all__ = [
     "PATCH", "MIN_PIXELS", "MAX_PIXELS", "MAX_ASPECT", "POLICIES", "KERNELS", "LAYOUTS", "ResizePolicy",
     "PreprocessedImage", "ImageError", "ImageLayoutError", "normalize_pixels", "register_policy", "to_rgb_array",
+    "open_image", "decode_image",
     "resized_size", "image_grid", "preprocess_image", "image_sequence", "image_placeholder_sequence",
     "image_layouts_in", "detect_image_layout", "text_ids_from_tokenizer", "byte_text_ids",
 ]
@@ -178,19 +180,80 @@ def _aa_bicubic_weights(in_size: int, out_size: int) -> tuple[np.ndarray, np.nda
     return xmin, wi, prec
 
 
+#: Float64 elements of one chunk of the exact resize (32 MiB): the resize never converts a whole
+#: image, whatever its size; chunks are whole rows (or columns), so the result does not depend on them.
+_CHUNK_ELEMENTS = 1 << 22
+#: Outputs per block of the banded weight matrix: each block is a small dense matrix product.
+_BLOCK = 8
+
+
+def _aa_blocks(in_size: int, out_size: int) -> tuple[list[tuple[int, int, int, int, np.ndarray]], int]:
+    """torch's fixed-point weights as dense ``[outputs, inputs]`` blocks of the banded resize matrix."""
+    xmin, w, prec = _aa_bicubic_weights(in_size, out_size)
+    taps = w.shape[1]
+    blocks = []
+    for o0 in range(0, out_size, _BLOCK):
+        o1 = min(o0 + _BLOCK, out_size)
+        lo = int(xmin[o0])
+        hi = int(min(in_size, int((xmin[o0:o1] + taps).max())))
+        m = np.zeros((o1 - o0, hi - lo), dtype=np.float64)
+        rows = np.repeat(np.arange(o1 - o0), taps)
+        cols = (xmin[o0:o1, None] + np.arange(taps)[None, :]).ravel() - lo
+        vals = w[o0:o1].ravel()
+        keep = (cols < hi - lo) & (vals != 0)  # taps past the end carry zero weight
+        np.add.at(m, (rows[keep], cols[keep]), vals[keep])
+        blocks.append((o0, o1, lo, hi, m))
+    return blocks, prec
+
+
 def _aa_pass(arr: np.ndarray, out_size: int, axis: int) -> np.ndarray:
+    """One separable pass of torch's uint8 antialiased bicubic along ``axis`` (0: rows, 1: columns) of a
+    uint8 ``[H, W, C]`` array, bit for bit.
+
+    torch accumulates ``sum(pixel * weight) + 2**(prec-1)`` in int32 and shifts right by ``prec``.
+    Every product and partial sum is an integer below 2**31, so float64 (exact to 2**53) gives the
+    same integers in any summation order: the pass is a banded matrix product in float64, block by
+    block, over chunks of at most :data:`_CHUNK_ELEMENTS` elements (whole rows or columns), each
+    read in memory order.
+    """
     in_size = arr.shape[axis]
     if in_size == out_size:
         return arr
-    xmin, w, prec = _aa_bicubic_weights(in_size, out_size)
-    src = np.moveaxis(arr, axis, 0).astype(np.int32)  # |sum| < 255 * 2**16: int32 is exact
-    acc = np.full((out_size,) + src.shape[1:], 1 << (prec - 1), dtype=np.int32)
-    shape = (out_size,) + (1,) * (src.ndim - 1)
-    for j in range(w.shape[1]):
-        idx = np.minimum(xmin + j, in_size - 1)
-        acc += src[idx] * w[:, j].astype(np.int32).reshape(shape)
-    out = np.clip(acc >> prec, 0, 255).astype(np.uint8)
-    return np.moveaxis(out, 0, axis)
+    blocks, prec = _aa_blocks(in_size, out_size)
+    half = float(1 << (prec - 1))
+    h, w, c = arr.shape
+    if axis == 0:  # [H, W*C]: output rows are combinations of input rows; chunks of columns
+        flat = arr.reshape(h, w * c)
+        out = np.empty((out_size, w * c), dtype=np.uint8)
+        step = max(1, _CHUNK_ELEMENTS // in_size)
+        for c0 in range(0, w * c, step):
+            piece = flat[:, c0:c0 + step].astype(np.float64)
+            acc = np.empty((out_size, piece.shape[1]), dtype=np.float64)
+            for o0, o1, lo, hi, m in blocks:
+                np.matmul(m, piece[lo:hi], out=acc[o0:o1])
+            out[:, c0:c0 + step] = _rounded(acc, half, prec)
+        return out.reshape(out_size, w, c)
+    # axis 1: [rows*C, W] @ weights.T, a chunk of whole rows at a time
+    out = np.empty((h, out_size, c), dtype=np.uint8)
+    step = max(1, _CHUNK_ELEMENTS // (in_size * c))
+    for r0 in range(0, h, step):
+        rows = arr[r0:r0 + step]
+        piece = np.empty((rows.shape[0], c, w), dtype=np.float64)
+        piece[...] = rows.transpose(0, 2, 1)
+        piece = piece.reshape(-1, w)
+        acc = np.empty((piece.shape[0], out_size), dtype=np.float64)
+        for o0, o1, lo, hi, m in blocks:
+            acc[:, o0:o1] = piece[:, lo:hi] @ m.T
+        out[r0:r0 + step] = _rounded(acc, half, prec).reshape(rows.shape[0], c, out_size).transpose(0, 2, 1)
+    return out
+
+
+def _rounded(acc: np.ndarray, half: float, prec: int) -> np.ndarray:
+    """torch's rounding of the fixed-point sums: ``(sum + 2**(prec-1)) >> prec``, clamped to uint8."""
+    acc += half
+    res = acc.astype(np.int64) >> prec
+    np.clip(res, 0, 255, out=res)
+    return res.astype(np.uint8)
 
 
 def _torch_aa_bicubic(rgb: np.ndarray, size: tuple[int, int]) -> np.ndarray:
@@ -212,25 +275,73 @@ KERNELS: dict[str, Callable[[np.ndarray, tuple[int, int]], np.ndarray]] = {
 }
 
 
-def _open(source: Any) -> Any:
-    """Open and decode a path or the bytes of an image file, EXIF-transposed."""
+#: Modes ``Image.reduce`` works in; others are converted first (a palette with transparency to RGBA).
+_REDUCIBLE = ("L", "LA", "RGB", "RGBA", "I", "F")
+
+
+def _name(source: Any) -> str:
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return f"<{len(source)} bytes>"
+    return str(source)
+
+
+def open_image(source: Any, limits: MediaLimits | None = None) -> Any:
+    """Open a path or the bytes of an image file lazily: the header is read and checked, no pixel is decoded.
+
+    Returns a PIL image whose size is the header's (decode it with :func:`decode_image`). Raises
+    ``FileNotFoundError`` for a missing path and :class:`ImageError` naming the source for
+    anything that is not a readable image or is above ``limits.max_image_pixels`` (Pillow's own
+    decompression-bomb refusal included).
+    """
     import io
 
-    from PIL import Image, ImageOps, UnidentifiedImageError
+    from PIL import Image
 
+    name = _name(source)
     if isinstance(source, (bytes, bytearray, memoryview)):
-        name: Any = f"<{len(source)} bytes>"
         fh: Any = io.BytesIO(bytes(source))
     else:
-        name = fh = Path(source)
+        fh = Path(source)
         if not fh.is_file():
             raise FileNotFoundError(f"{fh}: no such image file")
     try:
         img = Image.open(fh)
+    except Image.DecompressionBombError as exc:
+        raise ImageError(f"{name}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - whatever a decoder raises on a malformed header is bad input
+        raise ImageError(f"{name}: not a readable image ({type(exc).__name__}: {exc})") from exc
+    try:
+        check_image_size(img.height, img.width, limits, name)
+    except ImageError:
+        img.close()
+        raise
+    return img
+
+
+def decode_image(img: Any, draft: tuple[int, int] | None = None, name: str = "image") -> Any:
+    """Decode a lazily opened image, EXIF-transposed; ``draft=(width, height)`` lets a JPEG decoder
+    scale down while decoding (to no less than that size). Decoding errors are :class:`ImageError`."""
+    return _decode(img, draft, name)[0]
+
+
+def _decode(img: Any, draft: tuple[int, int] | None, name: str) -> tuple[Any, bool]:
+    """(decoded image, whether the EXIF orientation swapped its sides)."""
+    from PIL import ImageOps
+
+    try:
+        if draft is not None and getattr(img, "format", None) == "JPEG":
+            img.draft("RGB", draft)
         img.load()
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        raise ImageError(f"{name}: not a readable image ({exc})") from exc
-    return ImageOps.exif_transpose(img)
+        stored = img.size
+        ImageOps.exif_transpose(img, in_place=True)  # no copy of an image that needs no turn
+    except Exception as exc:  # noqa: BLE001 - truncated or corrupt data, broken EXIF: the item is bad input
+        raise ImageError(f"{name}: not a readable image ({type(exc).__name__}: {exc})") from exc
+    return img, img.size != stored
+
+
+def _open(source: Any, limits: MediaLimits | None = None) -> Any:
+    """Open, check and decode a path or the bytes of an image file, EXIF-transposed."""
+    return decode_image(open_image(source, limits), name=_name(source))
 
 
 def _array_to_rgb(arr: np.ndarray) -> np.ndarray:
@@ -245,6 +356,8 @@ def _array_to_rgb(arr: np.ndarray) -> np.ndarray:
         arr = np.moveaxis(arr, 0, -1)
     elif arr.shape[-1] not in (1, 3, 4):
         raise ImageError(f"cannot find the channel axis of an image array of shape {list(arr.shape)}")
+    if arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise ImageError(f"image array of shape {list(arr.shape)} has no pixels")
     c = arr.shape[-1]
     if c == 1:
         return np.repeat(arr, 3, axis=-1)
@@ -257,23 +370,9 @@ def _array_to_rgb(arr: np.ndarray) -> np.ndarray:
     return (comp * np.float32(255 + 1.0 - 1e-3)).astype(np.uint8)
 
 
-def to_rgb_array(image: Any) -> np.ndarray:
-    """An image as uint8 ``[H, W, 3]`` RGB, converted as the released processor converts it.
-
-    PIL images with an alpha band or a ``transparency`` entry are composited onto white
-    (``Image.alpha_composite``), others go through ``convert("RGB")``; paths and the bytes of an
-    image file are opened with Pillow and EXIF-transposed; uint8 arrays (``[H, W]``, ``[H, W, C]`` or ``[C, H, W]`` with
-    C in 1, 3, 4) follow the processor's tensor path (grey repeated, RGBA composited onto white
-    in float32).
-    """
+def _pil_to_rgb(image: Any) -> np.ndarray:
     from PIL import Image
 
-    if isinstance(image, np.ndarray):
-        return _array_to_rgb(image)
-    if isinstance(image, (str, Path, bytes, bytearray, memoryview)) or hasattr(image, "__fspath__"):
-        image = _open(image)
-    if not isinstance(image, Image.Image):
-        raise ImageError(f"expected a PIL image, a uint8 array or a path, got {type(image).__name__}")
     if "A" in image.getbands() or image.info.get("transparency") is not None:
         rgba = image.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
@@ -281,13 +380,58 @@ def to_rgb_array(image: Any) -> np.ndarray:
     return np.asarray(image.convert("RGB"), dtype=np.uint8)
 
 
-def preprocess_image(image: Any, policy: str | ResizePolicy = "released") -> PreprocessedImage:
-    """Convert to RGB, resize per ``policy`` and map to [-1, 1].
+def to_rgb_array(image: Any, limits: MediaLimits | None = None) -> np.ndarray:
+    """An image as uint8 ``[H, W, 3]`` RGB, converted as the released processor converts it.
+
+    PIL images with an alpha band or a ``transparency`` entry are composited onto white
+    (``Image.alpha_composite``), others go through ``convert("RGB")``; paths and the bytes of an
+    image file are opened with Pillow (their header checked against ``limits`` first) and
+    EXIF-transposed; uint8 arrays (``[H, W]``, ``[H, W, C]`` or ``[C, H, W]`` with
+    C in 1, 3, 4) follow the processor's tensor path (grey repeated, RGBA composited onto white
+    in float32).
+    """
+    from PIL import Image
+
+    if isinstance(image, np.ndarray):
+        rgb = _array_to_rgb(image)
+        check_image_size(rgb.shape[0], rgb.shape[1], limits, "image array")
+        return rgb
+    if isinstance(image, (str, Path, bytes, bytearray, memoryview)) or hasattr(image, "__fspath__"):
+        image = _open(image, limits)
+    if not isinstance(image, Image.Image):
+        raise ImageError(f"expected a PIL image, a uint8 array or a path, got {type(image).__name__}")
+    check_image_size(image.height, image.width, limits)
+    return _pil_to_rgb(image)
+
+
+def _reduce(img: Any, target: tuple[int, int], original: tuple[int, int], limits: MediaLimits | None) -> Any:
+    """``img`` (a PIL image of the displayed orientation) reduced by :func:`limits.prereduce_factor`."""
+    h, w = original
+    if prereduce_factor(h, w, target, limits) == 1:
+        return img
+    k = max(1, min(img.height // (2 * target[0]), img.width // (2 * target[1])))
+    if k == 1:
+        return img
+    if img.mode not in _REDUCIBLE:
+        has_alpha = "A" in img.getbands() or img.info.get("transparency") is not None
+        img = img.convert("RGBA" if has_alpha else "RGB")
+    return img.reduce(k)
+
+
+def preprocess_image(image: Any, policy: str | ResizePolicy = "released",
+                     limits: MediaLimits | None = None) -> PreprocessedImage:
+    """Convert to RGB, resize per ``policy`` and map to [-1, 1], within ``limits``.
 
     Args:
         image: a PIL image, a uint8 array, a path or the bytes of a file (see :func:`to_rgb_array`).
         policy: a name in :data:`POLICIES` or a :class:`ResizePolicy`. ``"released"`` gives the
-            released ``Apertus1p5ImageProcessor``'s ``pixel_values`` bit for bit.
+            released ``Apertus1p5ImageProcessor``'s ``pixel_values`` bit for bit for every image of
+            at most ``limits.reduce_above_pixels`` pixels.
+        limits: a :class:`~apertus_plugins.core.media.limits.MediaLimits` (default: its defaults). A
+            file's size is checked from its header before decoding; an image above
+            ``reduce_above_pixels`` is reduced cheaply first (a JPEG decodes in draft mode, then
+            ``Image.reduce``), to at least twice the resized size per side; the resized size and
+            the grid always come from the original size.
 
     Returns:
         :class:`PreprocessedImage`: float32 ``[3, H, W]`` pixels, the resized size and the grid.
@@ -295,12 +439,35 @@ def preprocess_image(image: Any, policy: str | ResizePolicy = "released") -> Pre
         rescale by 1/255 and normalization with mean 0.5, std 0.5 folded into one op).
 
     Raises:
-        ImageError: unreadable file, unsupported array, or an aspect ratio above 200.
+        ImageError: unreadable or truncated file, unsupported array, an aspect ratio above 200,
+            or an image above ``limits.max_image_pixels``; the message names the image.
     """
+    from PIL import Image
+
     p = _policy(policy)
-    rgb = to_rgb_array(image)
-    h, w = resized_size(rgb.shape[0], rgb.shape[1], p)
-    arr = KERNELS[p.kernel](rgb, (h, w))
+    if isinstance(image, (str, Path, bytes, bytearray, memoryview)) or hasattr(image, "__fspath__"):
+        name = _name(image)
+        lazy = open_image(image, limits)
+        sh, sw = lazy.height, lazy.width  # stored orientation; the resize rule is symmetric in the two sides
+        th, tw = resized_size(sh, sw, p)
+        draft = (2 * tw, 2 * th) if prereduce_factor(sh, sw, (th, tw), limits) > 1 else None
+        image, swapped = _decode(lazy, draft, name)
+        original = (sw, sh) if swapped else (sh, sw)
+    elif isinstance(image, np.ndarray):
+        rgb = _array_to_rgb(image)
+        original = (rgb.shape[0], rgb.shape[1])
+        check_image_size(*original, limits, "image array")
+        image = Image.fromarray(rgb, "RGB") if prereduce_factor(*original, resized_size(*original, p), limits) > 1 \
+            else rgb
+    elif isinstance(image, Image.Image):
+        original = (image.height, image.width)
+        check_image_size(*original, limits)
+    else:
+        raise ImageError(f"expected a PIL image, a uint8 array or a path, got {type(image).__name__}")
+    h, w = resized_size(original[0], original[1], p)
+    if not isinstance(image, np.ndarray):
+        image = _pil_to_rgb(_reduce(image, (h, w), original, limits))
+    arr = KERNELS[p.kernel](image, (h, w))
     pixels = normalize_pixels(arr).transpose(2, 0, 1)
     return PreprocessedImage(np.ascontiguousarray(pixels), h, w, (h // p.factor, w // p.factor))
 

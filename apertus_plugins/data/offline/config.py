@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from apertus_plugins.core.media.limits import DEFAULT_LIMITS, MediaLimits
+
 from .preprocess import MediaSettings
 from .storage import canonical, normalize
 
@@ -84,6 +86,9 @@ class TokenizeConfig:
         work_dir: shards, plan and checkpoints (default ``OUT.work``).
         image_layout: ``training`` (default) or ``inference`` (SPEC.md 2.1).
         resize_policy / audio_policy: the core's named preprocessing policies.
+        media_limits: overrides of the core's media limits
+            (:class:`~apertus_plugins.core.media.limits.MediaLimits` field -> value; the defaults bound
+            one item's cost; an item above a limit is skipped with its reason).
         audio_task: pretraining audio documents (see :data:`AUDIO_TASKS`).
         captions: where a caption of a pretraining image goes (see :data:`CAPTIONS`).
         bos / eos: pretraining documents start with BOS / end with EOS (the end-of-document token).
@@ -112,6 +117,7 @@ class TokenizeConfig:
     image_layout: str = IMAGE_LAYOUT_DEFAULT
     resize_policy: str = "released"
     audio_policy: str = "released"
+    media_limits: dict[str, float] = field(default_factory=dict)
     audio_task: str = "auto"
     captions: str = "after"
     bos: bool = True
@@ -154,6 +160,10 @@ class TokenizeConfig:
             raise ValueError(f"unknown resize policy {self.resize_policy!r}; policies are {', '.join(POLICIES)}")
         if self.audio_policy not in AUDIO_POLICIES:
             raise ValueError(f"unknown audio policy {self.audio_policy!r}; policies are {', '.join(AUDIO_POLICIES)}")
+        unknown = sorted(set(self.media_limits) - set(MediaLimits.names()))
+        if unknown:
+            raise ValueError(f"unknown media limit(s) {', '.join(unknown)}; limits are {', '.join(MediaLimits.names())}")
+        DEFAULT_LIMITS.updated(self.media_limits)  # the values are checked here, before any work
         if self.audio_task not in AUDIO_TASKS:
             raise ValueError(f"unknown audio task {self.audio_task!r}; tasks are {', '.join(AUDIO_TASKS)}")
         if self.captions not in CAPTIONS:
@@ -228,7 +238,8 @@ class TokenizeConfig:
 
     def media_settings(self) -> MediaSettings:
         """How this run's media are read: the one place its settings become the core's (see :mod:`.preprocess`)."""
-        return MediaSettings(resize_policy=self.resize_policy, audio_policy=self.audio_policy)
+        return MediaSettings(resize_policy=self.resize_policy, audio_policy=self.audio_policy,
+                             limits=DEFAULT_LIMITS.updated(self.media_limits))
 
     # ------------------------------------------------------------------ identity
     def settings(self) -> dict[str, Any]:

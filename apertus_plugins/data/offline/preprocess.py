@@ -1,6 +1,7 @@
 """A run's media settings, and the core's media functions called with them (the pipeline's one seam to the core).
 
-Planning reads a shape from each header (:meth:`MediaSettings.image_size`,
+Planning checks each header against the limits (:meth:`MediaSettings.check_image`,
+:meth:`MediaSettings.check_audio`) and reads a shape from it (:meth:`MediaSettings.image_size`,
 :meth:`MediaSettings.audio_length`); workers decode and preprocess the bytes
 (:meth:`MediaSettings.image`, :meth:`MediaSettings.audio`). Every call of the pipeline into
 :mod:`apertus_plugins.core.media` goes through this class, and :meth:`TokenizeConfig.media_settings
@@ -15,20 +16,33 @@ skipped item with its reason.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from apertus_plugins.core.media.limits import DEFAULT_LIMITS, MediaLimits, check_audio_header, check_image_size
 
 __all__ = ["MediaSettings"]
 
 
 @dataclass(frozen=True)
 class MediaSettings:
-    """The core's named preprocessing policies a run uses (``--resize-policy``, ``--audio-policy``)."""
+    """The core's named preprocessing policies a run uses (``--resize-policy``, ``--audio-policy``) and
+    the core's media limits (``--media-limit NAME=VALUE``): an item above a limit is refused from its
+    header at planning, before any pixel or sample is decoded, and skipped with its reason."""
 
     resize_policy: str = "released"
     audio_policy: str = "released"
+    limits: MediaLimits = field(default=DEFAULT_LIMITS)
 
     # ------------------------------------------------------------------ from headers (planning)
+    def check_image(self, height: int, width: int, name: str) -> None:
+        """Refuse an image above the limits from its header size (an ``ImageError`` naming it)."""
+        check_image_size(height, width, self.limits, name)
+
+    def check_audio(self, frames: int, rate: int, channels: int, name: str) -> None:
+        """Refuse a clip above the limits from its header numbers (an ``AudioError`` naming it)."""
+        check_audio_header(frames, rate, channels, self.limits, name)
+
     def image_size(self, height: int, width: int) -> tuple[int, int]:
         """The size an image of ``height x width`` (EXIF-transposed) has after preprocessing."""
         from apertus_plugins.core.media.image import resized_size
@@ -46,11 +60,11 @@ class MediaSettings:
         """Float32 ``[3, H, W]`` pixels of an image file's bytes."""
         from apertus_plugins.core.media.image import preprocess_image
 
-        return preprocess_image(data, self.resize_policy).pixels
+        return preprocess_image(data, self.resize_policy, limits=self.limits).pixels
 
     def audio(self, data: bytes) -> Any:
         """Float32 samples at 24 kHz of an audio file's bytes."""
         from apertus_plugins.core.media.audio import load_audio, preprocess_audio
 
-        wave, rate = load_audio(data)
-        return preprocess_audio(wave, rate, self.audio_policy)
+        wave, rate = load_audio(data, limits=self.limits)
+        return preprocess_audio(wave, rate, self.audio_policy, limits=self.limits)

@@ -68,6 +68,7 @@ class Reasons:
     MEDIA = "unreadable media"
     ASPECT = "aspect ratio above 200"
     IMAGE_SIZE = "invalid image size"
+    LIMIT = "above a media limit"  # refused from its header (--media-limit NAME=VALUE moves the limit)
     FORMAT = "unsupported sample format"
     TAR = "unreadable tar shard"
     JSON = "invalid JSON"
@@ -291,6 +292,10 @@ def media_shape(ref: MediaRef, media: MediaSettings, inline_bytes: Callable[[Med
             except Exception as exc:  # noqa: BLE001 (any header parse failure is bad input)
                 raise BadInput(Reasons.IMAGE, f"{ref.name}: not a readable image ({exc})") from exc
             try:
+                media.check_image(h, w, ref.name)
+            except ImageError as exc:
+                raise BadInput(Reasons.LIMIT, str(exc)) from exc
+            try:
                 rh, rw = media.image_size(h, w)
             except ImageError as exc:
                 ratio = max(h, w) / max(min(h, w), 1)
@@ -305,6 +310,10 @@ def media_shape(ref: MediaRef, media: MediaSettings, inline_bytes: Callable[[Med
                 info = sf.info(src)
             except Exception as exc:  # noqa: BLE001
                 raise BadInput(Reasons.AUDIO, f"{ref.name}: not a readable audio file ({exc})") from exc
+            try:
+                media.check_audio(int(info.frames), int(info.samplerate), int(info.channels), ref.name)
+            except AudioError as exc:
+                raise BadInput(Reasons.LIMIT, str(exc)) from exc
             try:
                 n = media.audio_length(int(info.frames), int(info.samplerate))
             except AudioError as exc:
