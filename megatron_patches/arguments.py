@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from apertus_plugins import plugins
 from apertus_plugins.core.goldfish import VARIANTS
 from apertus_plugins.core.targets import Schedule, TargetConfig
-from apertus_plugins.core.vocab import VocabSpec, default_spec
+from apertus_plugins.core.vocab import VocabSpec
 
 from .errors import ApertusArgumentError
 
@@ -176,10 +177,10 @@ def _spec_from_args(args: argparse.Namespace) -> VocabSpec:
         if model and (Path(model) / "tokenizer.json").is_file():
             path = model
     if path is None:
-        return default_spec()
+        return plugins.spec()
     if not (Path(path) / "tokenizer.json").is_file():
         raise ValueError(f"--apertus-tokenizer {path}: no tokenizer.json there")
-    return VocabSpec.from_tokenizer_dir(path)
+    return plugins.spec_from_tokenizer_dir(path)
 
 
 def options_from_args(args: argparse.Namespace) -> ApertusOptions:

@@ -25,7 +25,7 @@ twice gives the same arrays (vLLM's processor cache re-parses the items it has t
 data parser only checks, downmixes and resamples (a mono 24 kHz clip passes unchanged); the level
 normalization happens once, in the processor.
 
-The placeholders and the serving layout are the plugin registry's (``image`` and ``audio``); the
+The placeholders are the vocabulary spec's media kinds and the serving layout the registry's (``image`` and ``audio``); the
 processor serves those two, vLLM's own media kinds. A modality added by a plugin renders,
 tokenizes and goes through the offline pipeline, but is not served: vLLM refuses its parts.
 """
@@ -57,7 +57,7 @@ from apertus_plugins.core.media import audio as media_audio
 from apertus_plugins.core.media import image as media_image
 from apertus_plugins.core.media.limits import MediaLimits
 from apertus_plugins.core.vocab import VocabSpec
-from apertus_plugins.plugins import registry, serving_layout
+from apertus_plugins.plugins import serving_layout
 
 __all__ = ["Apertus1p5ProcessingInfo", "Apertus1p5DummyInputsBuilder", "Apertus1p5MultiModalProcessor",
            "DEFAULT_OPTIONS", "SERVER_OPTIONS", "SERVER_LIMITS", "prepared_image", "prepare_image"]
@@ -127,11 +127,6 @@ def _item(what: str) -> Iterator[None]:
         raise
     except Exception as exc:  # noqa: BLE001 - nothing a request sends may turn into a 500 or an engine error
         raise ValueError(f"{what}: {type(exc).__name__}: {exc}") from exc
-
-
-def _placeholder(kind: str) -> str:
-    """The marker name of a served modality's placeholder, from the plugin registry."""
-    return registry().modalities[kind].placeholder
 
 
 def _tokenizer_dir(name: str) -> Path:
@@ -285,7 +280,8 @@ class Apertus1p5DummyInputsBuilder(BaseDummyInputsBuilder[Apertus1p5ProcessingIn
 
     def get_dummy_text(self, mm_counts: Mapping[str, int]) -> str:
         spec = self.info.spec
-        return "".join(spec.literal(_placeholder(kind)) * mm_counts.get(kind, 0) for kind in ("image", "audio"))
+        return "".join(spec.literal(spec.media_kind(kind).placeholder) * mm_counts.get(kind, 0)
+                       for kind in ("image", "audio"))
 
     def get_dummy_mm_data(self, seq_len: int, mm_counts: Mapping[str, int], mm_options: Any) -> dict[str, Any]:
         side = self.info.max_image_side(seq_len)
@@ -334,7 +330,7 @@ class Apertus1p5MultiModalProcessor(BaseMultiModalProcessor[Apertus1p5Processing
                             out_mm_kwargs: MultiModalKwargsItems) -> Sequence[PromptUpdate]:
         opts = self.info.options(hf_processor_mm_kwargs)
         spec = self.info.spec
-        image_id, audio_id = spec.id(_placeholder("image")), spec.id(_placeholder("audio"))
+        image_id, audio_id = (spec.id(spec.media_kind(kind).placeholder) for kind in ("image", "audio"))
 
         def image_replacement(item_idx: int) -> PromptUpdateDetails[list[int]]:
             size = mm_items.get_items("image", ImageProcessorItems).get_image_size(item_idx)

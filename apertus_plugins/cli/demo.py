@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from apertus_plugins import plugins
 from apertus_plugins.core.vocab import VocabSpec
 
 if TYPE_CHECKING:
@@ -119,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         tmp = tempfile.TemporaryDirectory(prefix="apertus-demo-")
         tok_dir = build_test_tokenizer(Path(tmp.name) / "tokenizer", VocabSpec.scaled())
-    spec = VocabSpec.from_tokenizer_dir(tok_dir)
+    spec = plugins.spec_from_tokenizer_dir(tok_dir)
     chat = ChatTokenizer(tok_dir, spec)
 
     img = image_mod.preprocess_image(_media_path("demo.png"))

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
+from apertus_plugins import plugins
 from apertus_plugins.core.goldfish import VARIANTS, goldfish_drop
 from apertus_plugins.core.targets import sft_mask
-from apertus_plugins.core.vocab import VocabSpec, default_spec
+from apertus_plugins.core.vocab import VocabSpec
 from apertus_plugins.data.indexed import IndexedDataset
 
 
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         from apertus_plugins.infra.hub import local_path
 
         args.tokenizer = str(local_path(args.tokenizer, weights=False, what="--tokenizer"))
-    spec = VocabSpec.from_tokenizer_dir(args.tokenizer) if args.tokenizer else default_spec()
+    spec = plugins.spec_from_tokenizer_dir(args.tokenizer) if args.tokenizer else plugins.spec()
     out = inspect_document(args.prefix, args.index, spec, k=args.goldfish_k, h=args.goldfish_h,
                            variant=args.goldfish_variant, start_inside=args.start_inside)
     if args.json and not args.html:

@@ -8,6 +8,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from apertus_plugins import plugins
+
 KEYS = ("messages", "tools", "add_generation_prompt", "enable_thinking", "continue_assistant_message")
 
 
@@ -38,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.file}: unknown keys {unknown}; allowed: {', '.join(KEYS)}")
     kwargs = {k: obj[k] for k in KEYS if k in obj}
     if not args.ids:
-        sys.stdout.write(render(**kwargs, variant=args.variant))
+        sys.stdout.write(render(**kwargs, variant=args.variant, spec=plugins.spec()))
         sys.stdout.flush()
         return 0
     with tempfile.TemporaryDirectory(prefix="apertus-render-") as tmp:
@@ -47,8 +49,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             from apertus_plugins.testing.tokenizer_builder import build_test_tokenizer
 
-            tok_dir = build_test_tokenizer(Path(tmp) / "tok", with_templates=False)
-        chat = ChatTokenizer(tok_dir)
+            tok_dir = build_test_tokenizer(Path(tmp) / "tok", plugins.spec(), with_templates=False)
+        chat = ChatTokenizer(tok_dir, plugins.spec_from_tokenizer_dir(tok_dir))
         enc = chat.encode_conversation(**kwargs, variant=args.variant)
         for seg in chat.ids_by_role(enc):
             print(f"{seg['role']}\t{' '.join(map(str, seg['ids']))}")

@@ -106,7 +106,7 @@ def _fraction(text: str) -> float:
 
 
 def _size(text: str) -> int:
-    from apertus_plugins.testing.checkpoint import parse_size
+    from apertus_plugins.infra.sizes import parse_size
 
     try:
         n = parse_size(text)

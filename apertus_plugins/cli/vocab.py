@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from apertus_plugins.core.vocab import VocabSpec
+from apertus_plugins import plugins
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -21,8 +21,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from apertus_plugins.infra.hub import local_path
 
-    spec = VocabSpec.from_tokenizer_dir(local_path(args.dir, weights=False, what="tokenizer"),
-                                        embedding_rows=args.embedding_rows)
+    spec = plugins.spec_from_tokenizer_dir(local_path(args.dir, weights=False, what="tokenizer"),
+                                           embedding_rows=args.embedding_rows)
     summary = spec.summary()
     if args.json:
         print(json.dumps(summary, indent=2))

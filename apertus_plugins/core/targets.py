@@ -23,7 +23,6 @@ from ._arrays import to_numpy as _to_numpy
 from .vocab import VocabSpec, default_spec
 
 __all__ = [
-    "task_control_markers",
     "StartState",
     "sft_mask",
     "sft_mask_from_stored",
@@ -63,15 +62,6 @@ class _SftTables:
 
 
 _TABLE_CACHE: dict[int, tuple[VocabSpec, _SftTables]] = {}
-
-
-def task_control_markers() -> tuple[str, ...]:
-    """The task-control markers of the registered modalities (``Modality.task_markers``: the
-    built-in audio's ``stt_transcribe``, ``stt_continue``, ``tts_continue``): they condition the
-    model but are never predicted after stage 1."""
-    from apertus_plugins.plugins import registry
-
-    return tuple(dict.fromkeys(n for m in registry().modalities.values() for n in m.task_markers))
 
 
 def _sft_tables(spec: VocabSpec) -> _SftTables:
@@ -262,7 +252,7 @@ class TargetConfig:
         if name == "text-only":
             return cls(
                 modality_weights={m.name: 0.0 for m in spec.modalities},
-                excluded_names=task_control_markers(),
+                excluded_names=spec.task_markers,
             )
         raise ValueError(f"unknown target preset {name!r}; choose 'all' or 'text-only'")
 

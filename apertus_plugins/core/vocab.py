@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,8 @@ __all__ = [
     "VocabSpec",
     "VocabError",
     "default_spec",
-    "registered_slots",
+    "MediaKind",
+    "BUILTIN_MEDIA",
 ]
 
 
@@ -79,24 +80,40 @@ OMNI_SLOTS: dict[int, tuple[str, str]] = {
 }
 
 
-def registered_slots() -> dict[int, tuple[str, str]]:
-    """The omni slots of the released layout plus those the registered modalities add
-    (``Modality.slots``, through the ``apertus`` plugin hooks): slot -> (name, literal)."""
-    from apertus_plugins.plugins import registry
+@dataclass(frozen=True)
+class MediaKind:
+    """A modality as the core sees it, as plain data: how its chat parts are written and where its codes go.
 
-    out = dict(OMNI_SLOTS)
-    names = {name: slot for slot, (name, _lit) in out.items()}
-    for m in registry().modalities.values():
-        for slot, (name, literal) in m.slots.items():
-            slot = int(slot)
-            if slot in out:
-                raise VocabError(f"modality {m.name!r} claims omni slot {slot} ({literal!r}), which holds "
-                                 f"{out[slot][1]!r}")
-            if name in names:
-                raise VocabError(f"modality {m.name!r} names omni slot {slot} {name!r}, the name of slot {names[name]}")
-            out[slot] = (name, literal)
-            names[name] = slot
-    return out
+    The built-in image and audio kinds are :data:`BUILTIN_MEDIA`; a plugin modality brings its own
+    (``apertus_plugins.plugins`` merges the registered ones into a :class:`VocabSpec`).
+
+    Attributes:
+        name: the modality's name (``"image"``); a media item of a conversation has this kind.
+        placeholder: marker name of the prompt placeholder (``"image"`` -> ``<|image|>``).
+        part_types: chat content-part types that carry this modality (``"image_url"``...).
+        task_markers: marker names that condition the model but are never predicted after stage 1.
+        code_block: the code block (:class:`ModalityRange`) its content codes are in (default: ``name``);
+            the codes' loss role is that block's (a video of image codes trains as image codes).
+    """
+
+    name: str
+    placeholder: str
+    part_types: tuple[str, ...]
+    task_markers: tuple[str, ...] = ()
+    code_block: str | None = None
+
+    @property
+    def codes_in(self) -> str:
+        """The code block of its content codes."""
+        return self.code_block or self.name
+
+
+#: The released modalities: images (``<|image|>``) and audio (``<|audio|>``, with its task markers).
+BUILTIN_MEDIA: tuple[MediaKind, ...] = (
+    MediaKind("image", "image", ("image", "image_url", "input_image")),
+    MediaKind("audio", "audio", ("audio", "audio_url", "input_audio"),
+              task_markers=("stt_transcribe", "stt_continue", "tts_continue")),
+)
 
 
 #: Surface forms that map to a canonical token: alias literal -> token name.
@@ -148,8 +165,9 @@ class VocabSpec:
         embedding_rows: rows of the input embedding (266,752 in the release: the total plus padding),
             or ``None`` when unknown.
         chat_ids: chat token name -> id (defaults: :data:`CHAT_TOKENS`).
-        slots: omni slot -> (name, literal) of the used slots (defaults: :data:`OMNI_SLOTS` and the
-            slots registered modalities add, :func:`registered_slots`).
+        slots: omni slot -> (name, literal) of the used slots (default: :data:`OMNI_SLOTS`; a plugin
+            modality's slots are added by :meth:`extended`).
+        media: the modalities whose parts a conversation may carry (default: :data:`BUILTIN_MEDIA`).
         extra_special_ids: further special ids a real tokenizer reserves below the text boundary.
         total_size: the tokenizer's length; defaults to the end of the last block.
     """
@@ -163,11 +181,13 @@ class VocabSpec:
     )
     embedding_rows: int | None = 266_752
     chat_ids: Mapping[str, int] = field(default_factory=lambda: {k: v[1] for k, v in CHAT_TOKENS.items()})
-    slots: Mapping[int, tuple[str, str]] = field(default_factory=registered_slots)
+    slots: Mapping[int, tuple[str, str]] = field(default_factory=lambda: dict(OMNI_SLOTS))
     extra_special_ids: frozenset[int] = frozenset()
     total_size: int | None = None
+    media: tuple[MediaKind, ...] = BUILTIN_MEDIA
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "media", tuple(self.media))
         object.__setattr__(self, "chat_ids", dict(self.chat_ids))
         object.__setattr__(self, "slots", {int(k): tuple(v) for k, v in self.slots.items()})
         object.__setattr__(self, "modalities", tuple(self.modalities))
@@ -198,14 +218,45 @@ class VocabSpec:
             embedding_rows=audio.end + embedding_padding,
         )
 
+    def extended(self, media: Iterable[MediaKind] = (), slots: Mapping[int, tuple[str, str]] | None = None,
+                 owner: Mapping[str, str] | None = None) -> VocabSpec:
+        """This layout with more modalities and omni slots (a plugin's), each checked against the ones it has.
+
+        ``slots`` (slot -> (name, literal)) must claim free slots under new names; ``media`` adds kinds
+        whose names are new. ``owner`` maps a slot's marker name to the modality that brings it, for
+        the error messages. Raises :class:`VocabError` naming the clash.
+        """
+        out = dict(self.slots)
+        names = {name: slot for slot, (name, _lit) in out.items()}
+        who = dict(owner or {})
+        for slot, (name, literal) in (slots or {}).items():
+            slot = int(slot)
+            by = f"modality {who[name]!r}" if name in who else "a modality"
+            if slot in out:
+                if out[slot] == (name, literal):
+                    continue
+                raise VocabError(f"{by} claims omni slot {slot} ({literal!r}), which holds {out[slot][1]!r}")
+            if name in names:
+                raise VocabError(f"{by} names omni slot {slot} {name!r}, the name of slot {names[name]}")
+            out[slot] = (name, literal)
+            names[name] = slot
+        have = {k.name for k in self.media}
+        kinds = self.media + tuple(k for k in media if k.name not in have)
+        return replace(self, slots=out, media=kinds)
+
     @classmethod
-    def from_tokenizer_dir(cls, path: str | Path, embedding_rows: int | None = None) -> VocabSpec:
+    def from_tokenizer_dir(cls, path: str | Path, embedding_rows: int | None = None,
+                           media: tuple[MediaKind, ...] = BUILTIN_MEDIA,
+                           slots: Mapping[int, tuple[str, str]] | None = None) -> VocabSpec:
         """Read the layout of a tokenizer directory (``tokenizer.json`` + ``tokenizer_config.json``).
 
         Offsets come from ``omnimodal_config`` when present, else from the positions of the marker
         tokens; chat ids are looked up by literal and must all exist; the tokenizer's own special
         tokens below the text boundary become :attr:`extra_special_ids`. The SFT boundary fields of
         the config, when present, must agree with the ids (SPEC.md 4.2).
+
+        ``slots`` names further omni slots to look for (a plugin modality's: slot -> (name, literal));
+        those the tokenizer lacks are left out, as are the ``media`` kinds whose placeholder it lacks.
         """
         path = Path(path)
         tok_file = path / "tokenizer.json"
@@ -258,8 +309,8 @@ class VocabSpec:
                 modalities.append(ModalityRange(name, offset, size))
                 offset += size
 
-        slots = {}
-        for slot, (name, literal) in registered_slots().items():
+        found = {}
+        for slot, (name, literal) in {**(slots or {}), **OMNI_SLOTS}.items():
             if literal not in literal_to_id:
                 if slot not in OMNI_SLOTS:
                     continue  # a plugin modality's marker this tokenizer does not have
@@ -269,7 +320,8 @@ class VocabSpec:
                 raise VocabError(
                     f"{path}: marker {literal!r} is id {got}, but omni slot {slot} is id {omni_offset + slot}"
                 )
-            slots[slot] = (name, literal)
+            found[slot] = (name, literal)
+        have = {name for name, _lit in found.values()}
         text_size = int(omni.get("text_vocab_size", omni_offset)) if omni else omni_offset
         extra = frozenset(i for i in special_ids if i < text_size) - frozenset(
             v for k, v in chat_ids.items() if k not in NON_SPECIAL_CHAT
@@ -282,9 +334,10 @@ class VocabSpec:
             modalities=tuple(modalities),
             embedding_rows=embedding_rows,
             chat_ids=chat_ids,
-            slots=slots,
+            slots=found,
             extra_special_ids=extra,
             total_size=total,
+            media=tuple(k for k in media if k.placeholder in have),
         )
         spec.check_sft_boundaries(cfg, literal_to_id, source=cfg_file)
         return spec
@@ -331,6 +384,18 @@ class VocabSpec:
             )
         if self.total_size is not None and self.total_size < end:
             raise VocabError(f"the tokenizer holds {self.total_size} entries, fewer than the layout's {end}")
+        marker_names = {name for name, _lit in self.slots.values()}
+        parts: dict[str, str] = {}
+        for kind in self.media:  # (a kind's code block is checked where codes are placed: the chat tokenizer)
+            if kind.placeholder not in marker_names:
+                raise VocabError(f"modality {kind.name!r}: its placeholder {kind.placeholder!r} is no omni marker")
+            missing = [n for n in kind.task_markers if n not in marker_names]
+            if missing:
+                raise VocabError(f"modality {kind.name!r}: task markers {missing} are no omni markers")
+            for t in kind.part_types:
+                if t in parts:
+                    raise VocabError(f"content part type {t!r} belongs to both {parts[t]!r} and {kind.name!r}")
+                parts[t] = kind.name
 
     def check_embedding(self, rows: int, what: str = "embedding") -> None:
         """Raise :class:`VocabError` if an embedding of ``rows`` rows cannot hold every id."""
@@ -477,6 +542,27 @@ class VocabSpec:
     @property
     def modality_names(self) -> tuple[str, ...]:
         return ("text", "omni") + tuple(m.name for m in self.modalities)
+
+    # ------------------------------------------------------------------ media kinds
+    def media_kind(self, name: str) -> MediaKind:
+        """The modality ``name`` of :attr:`media`; ``KeyError`` naming the known ones."""
+        for kind in self.media:
+            if kind.name == name:
+                return kind
+        raise KeyError(f"unknown modality {name!r}; this layout has {', '.join(k.name for k in self.media)}")
+
+    def media_for_part(self, part_type: str) -> MediaKind | None:
+        """The modality whose chat parts have type ``part_type``, if any."""
+        return next((k for k in self.media if part_type in k.part_types), None)
+
+    def media_placeholders(self) -> dict[str, str]:
+        """Content-part type -> placeholder literal, for every modality of :attr:`media`."""
+        return {t: self.literal(k.placeholder) for k in self.media for t in k.part_types}
+
+    @property
+    def task_markers(self) -> tuple[str, ...]:
+        """The task-control markers of :attr:`media`: they condition but are never predicted after stage 1."""
+        return tuple(dict.fromkeys(n for k in self.media for n in k.task_markers))
 
     def omnimodal_config(self) -> dict[str, Any]:
         """The ``omnimodal_config`` block this layout writes into ``tokenizer_config.json``."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from apertus_plugins.core.vocab import BUILTIN_MEDIA
+
 from .hooks import Modality, hookimpl
 
 
@@ -23,26 +25,12 @@ def _audio_sequence(codes: Any, spec: Any, layout: str = "default", text_ids: An
     return audio_sequence(codes, spec)
 
 
-IMAGE = Modality(
-    name="image",
-    codebook_size=131_072,
-    placeholder="image",
-    markers=("img_start", "img_end", "img_token_start", "img_end_of_row", "img_end_of_frame"),
-    part_types=("image", "image_url", "input_image"),
-    layouts=("inference", "training"),
-    build_sequence=_image_sequence,
-)
+_KINDS = {k.name: k for k in BUILTIN_MEDIA}
 
-AUDIO = Modality(
-    name="audio",
-    codebook_size=4_096,
-    placeholder="audio",
-    markers=("audio_start", "audio_end"),
-    part_types=("audio", "audio_url", "input_audio"),
-    layouts=("default",),
-    build_sequence=_audio_sequence,
-    task_markers=("stt_transcribe", "stt_continue", "tts_continue"),
-)
+#: The released modalities: the core's kinds (:data:`~apertus_plugins.core.vocab.BUILTIN_MEDIA`) with their
+#: layouts (the first is the serving layout) and sequence builders.
+IMAGE = Modality.of(_KINDS["image"], layouts=("inference", "training"), build_sequence=_image_sequence)
+AUDIO = Modality.of(_KINDS["audio"], layouts=("default",), build_sequence=_audio_sequence)
 
 
 @hookimpl

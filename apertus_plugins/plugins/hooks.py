@@ -13,6 +13,8 @@ from typing import Any
 
 import pluggy
 
+from apertus_plugins.core.vocab import MediaKind
+
 __all__ = ["PROJECT", "hookspec", "hookimpl", "Modality", "ApertusHookSpecs"]
 
 PROJECT = "apertus"
@@ -24,17 +26,17 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 class Modality:
     """What a modality contributes to the token stream, and how the core reads its media.
 
-    Every adapter takes these facts from the registry (:func:`apertus_plugins.plugins.registry`):
-    the chat normalizer and template (part types, placeholder), the vocabulary (omni slots), the
-    chat tokenizer (placeholder expansion, role of the codes), the loss targets (task markers) and
-    the offline pipeline (probe, load, encoder, sequence builder).
+    The registry merges what the core needs of it (:attr:`kind`: part types, placeholder, task
+    markers, code block; and its omni :attr:`slots`) into a
+    :class:`~apertus_plugins.core.vocab.VocabSpec` (:func:`apertus_plugins.plugins.spec`), which the
+    callers above the core hand down: the chat normalizer and template, the chat tokenizer
+    (placeholder expansion, role of the codes) and the loss targets take it from there. The offline
+    pipeline also uses its probe, load, encoder and sequence builder.
 
     Attributes:
         name: the modality's name (``"image"``); a media item of a conversation has this kind.
-        codebook_size: the number of content codes in the released layout.
         placeholder: marker name of the prompt placeholder (``"image"`` -> ``<|image|>``); the chat
             template renders it for each of the modality's parts.
-        markers: marker names (omni-block slots) the modality's sequences use.
         part_types: chat content-part types that carry this modality (``"image_url"``...).
         layouts: the names of the sequence layouts it supports; the first is the serving default.
         build_sequence: ``build_sequence(codes, spec, text_ids=..., layout=...) -> ids``; ``text_ids``
@@ -57,9 +59,7 @@ class Modality:
     """
 
     name: str
-    codebook_size: int
     placeholder: str
-    markers: tuple[str, ...]
     part_types: tuple[str, ...]
     layouts: tuple[str, ...]
     build_sequence: Callable[..., Any]
@@ -74,6 +74,17 @@ class Modality:
     def codes_in(self) -> str:
         """The code block of its content codes."""
         return self.code_block or self.name
+
+    @property
+    def kind(self) -> MediaKind:
+        """What the core knows of it: the data a :class:`~apertus_plugins.core.vocab.VocabSpec` carries."""
+        return MediaKind(self.name, self.placeholder, tuple(self.part_types), tuple(self.task_markers), self.code_block)
+
+    @classmethod
+    def of(cls, kind: MediaKind, **rest: Any) -> Modality:
+        """A modality over a kind the core states (the built-in ones: :data:`~apertus_plugins.core.vocab.BUILTIN_MEDIA`)."""
+        return cls(name=kind.name, placeholder=kind.placeholder, part_types=kind.part_types,
+                   task_markers=kind.task_markers, code_block=kind.code_block, **rest)
 
 
 class ApertusHookSpecs:

@@ -19,14 +19,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import pluggy
 
+from apertus_plugins.core.vocab import VocabSpec, default_spec
+
 from .hooks import PROJECT, ApertusHookSpecs, Modality, hookimpl, hookspec
 
 __all__ = ["PROJECT", "hookspec", "hookimpl", "Modality", "ApertusHookSpecs", "Registry", "get_plugin_manager",
-           "make_judge", "registry", "serving_layout"]
+           "make_judge", "registry", "serving_layout", "spec", "spec_from_tokenizer_dir"]
 
 @dataclass
 class Registry:
@@ -45,18 +48,44 @@ class Registry:
                 return m
         return None
 
+    def spec(self, base: VocabSpec | None = None) -> VocabSpec:
+        """``base`` (default: the released layout) with every registered modality: its kind and its omni slots.
+
+        The one place the plugins' modalities join the id layout; the core below takes the result as
+        any other :class:`VocabSpec` (a slot claimed twice, or under a used name, is a ``VocabError``
+        naming the modality).
+        """
+        slots, owner = self._slots()
+        return (base or default_spec()).extended([m.kind for m in self.modalities.values()], slots, owner)
+
+    def spec_from_tokenizer_dir(self, path: str | Path, embedding_rows: int | None = None) -> VocabSpec:
+        """The layout of a tokenizer directory with the registered modalities its tokenizer has markers for."""
+        slots, owner = self._slots()
+        default_spec().extended((), slots, owner)  # a clash is an error even when this tokenizer lacks the slot
+        return VocabSpec.from_tokenizer_dir(path, embedding_rows, media=tuple(m.kind for m in self.modalities.values()),
+                                            slots=slots)
+
+    def _slots(self) -> tuple[dict[int, tuple[str, str]], dict[str, str]]:
+        slots: dict[int, tuple[str, str]] = {}
+        owner: dict[str, str] = {}
+        for m in self.modalities.values():
+            for slot, (name, literal) in m.slots.items():
+                slots[int(slot)] = (name, literal)
+                owner[name] = m.name
+        return slots, owner
+
 
 def get_plugin_manager(load_entry_points: bool = True) -> pluggy.PluginManager:
-    """A fresh plugin manager with the built-ins and (by default) the ``apertus`` entry points."""
-    from apertus_plugins.posttrain import judges, rewards
+    """A fresh plugin manager with the built-in modalities and (by default) the ``apertus`` entry points.
 
+    The built-in judges and reward functions, and the adapters' subcommands, arrive through the
+    package's own entry points (``[project.entry-points.apertus]``), the path a third party takes.
+    """
     from . import builtin
 
     pm = pluggy.PluginManager(PROJECT)
     pm.add_hookspecs(ApertusHookSpecs)
     pm.register(builtin, name="apertus.builtin.modalities")
-    pm.register(judges, name="apertus.builtin.judges")
-    pm.register(rewards, name="apertus.builtin.rewards")
     if load_entry_points:
         pm.load_setuptools_entrypoints(PROJECT)
     check_hooks(pm)
@@ -111,6 +140,16 @@ def build_registry(pm: pluggy.PluginManager) -> Registry:
 def registry() -> Registry:
     """The process-wide registry (built-ins plus installed ``apertus`` plugins), built once."""
     return build_registry(get_plugin_manager())
+
+
+def spec(base: VocabSpec | None = None) -> VocabSpec:
+    """:meth:`Registry.spec` of the process-wide registry: the layout with every installed modality."""
+    return registry().spec(base)
+
+
+def spec_from_tokenizer_dir(path: str | Path, embedding_rows: int | None = None) -> VocabSpec:
+    """:meth:`Registry.spec_from_tokenizer_dir` of the process-wide registry."""
+    return registry().spec_from_tokenizer_dir(path, embedding_rows)
 
 
 def make_judge(name: str = "openai", **config: Any) -> Any:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -50,9 +49,10 @@ from apertus_plugins.core.release import (
 from apertus_plugins.core.tensor_names import AUDIO_PREFIX, EMBEDDING, LANGUAGE_MODEL_PREFIX, LM_HEAD, VISION_PREFIX
 from apertus_plugins.core.vocab import VocabSpec
 from apertus_plugins.encoders.config import AudioTokenizerConfig, VisionTokenizerConfig
+from apertus_plugins.infra.sizes import parse_size
 
 __all__ = [
-    "TextSize", "SIZES", "write_checkpoint", "CheckpointConfig", "read_checkpoint_config", "parse_size",
+    "TextSize", "SIZES", "write_checkpoint", "CheckpointConfig", "read_checkpoint_config",
     "text_config_dict", "INITS",
 ]
 
@@ -80,17 +80,6 @@ SIZES: dict[str, TextSize] = {
     "small": TextSize(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                       intermediate_size=1024),
 }
-
-
-def parse_size(text: str | int | None) -> int | None:
-    """``"50MB"``, ``"2GB"``, ``"500KB"``, ``"1000"`` or an int -> bytes (``None`` stays ``None``)."""
-    if text is None or isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]i?B?|B)?\s*", str(text), flags=re.IGNORECASE)
-    if not m:
-        raise ValueError(f"cannot read the size {text!r} (examples: 500KB, 50MB, 2GB)")
-    unit = (m.group(2) or "B").upper().rstrip("B").rstrip("I")
-    return int(float(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[unit])
 
 
 def text_config_dict(size: TextSize, spec: VocabSpec, max_position_embeddings: int = CONTEXT_LENGTH,

@@ -212,7 +212,7 @@ def build_test_tokenizer(out_dir: str | Path, spec: VocabSpec | None = None, n_m
     if with_templates:
         from apertus_plugins.core.chat.template import jinja_template
 
-        _atomic_write(out / "chat_template.jinja", jinja_template("inference"))
+        _atomic_write(out / "chat_template.jinja", jinja_template("inference", spec))
         (out / "additional_chat_templates").mkdir(exist_ok=True)
-        _atomic_write(out / "additional_chat_templates" / "training.jinja", jinja_template("training"))
+        _atomic_write(out / "additional_chat_templates" / "training.jinja", jinja_template("training", spec))
     return out

@@ -78,7 +78,7 @@ def audio_probe(client: Client, root: str, model: str, seconds: float) -> str | 
             return (f"clips of up to {seconds:g} s; the server's vLLM decodes {said}: start the server with "
                     f"VLLM_MAX_AUDIO_DECODE_DURATION_S={seconds:g} in its environment, and --mm-processor-kwargs "
                     f"'{{\"max_audio_seconds\": {seconds:g}}}' (the Apertus processor's own limit, 60 s by default)")
-        processor = re.search(r"the ([\d.]+) s this server accepts", text)
+        processor = re.search(r"the ([\d.]+) s (?:this server accepts|accepted)", text)
         said = f"{float(processor.group(1)):g} s" if processor else "shorter clips"
         return (f"clips of up to {seconds:g} s; the server accepts {said}: serve with --mm-processor-kwargs "
                 f"'{{\"max_audio_seconds\": {seconds:g}}}'" + ("" if processor else f" (it answered: {text[-200:]})"))

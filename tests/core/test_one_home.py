@@ -117,13 +117,13 @@ def test_no_adapter_parses_versions_by_hand():
 
 
 #: Part types of the built-in modalities (those that are not also a modality's name): only
-#: ``apertus_plugins/plugins/builtin.py`` lists them.
+#: ``apertus_plugins/core/vocab.py`` lists them (``BUILTIN_MEDIA``).
 PART_TYPES = {"image_url", "input_image", "audio_url", "input_audio"}
 
 
 def test_media_part_types_are_listed_by_the_modalities_only():
     """The chat normalizer, the template, the tokenizer and the offline pipeline read part types
-    from the plugin registry; a collection literal naming two of them elsewhere restates the list."""
+    from the spec's media kinds; a collection literal naming two of them elsewhere restates the list."""
     found = []
     for path in _sources():
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
@@ -132,23 +132,23 @@ def test_media_part_types_are_listed_by_the_modalities_only():
                 names = {e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in PART_TYPES}
                 if names:
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert found == [f"apertus_plugins/plugins/builtin.py:{n}" for n in _part_type_lines()], found
+    assert found == [f"apertus_plugins/core/vocab.py:{n}" for n in _part_type_lines()], found
     jinja = (ROOT / "apertus_plugins" / "core" / "chat" / "apertus1p5.jinja").read_text(encoding="utf-8")
     assert "input_image" not in jinja and "audio_url" not in jinja
 
 
 def _part_type_lines() -> list[int]:
-    src = (ROOT / "apertus_plugins" / "plugins" / "builtin.py").read_text(encoding="utf-8").splitlines()
-    return [k + 1 for k, line in enumerate(src) if line.strip().startswith("part_types=(")]
+    src = (ROOT / "apertus_plugins" / "core" / "vocab.py").read_text(encoding="utf-8").splitlines()
+    return [k + 1 for k, line in enumerate(src) if line.strip().startswith("MediaKind(") and "_url" in line]
 
 
 def test_task_markers_have_one_home():
-    """The audio modality declares the task-control markers; the loss targets read them from the registry."""
-    from apertus_plugins.core.targets import task_control_markers
+    """The audio kind declares the task-control markers; the loss targets read them from the spec."""
+    from apertus_plugins.core.vocab import default_spec
 
-    assert task_control_markers() == ("stt_transcribe", "stt_continue", "tts_continue")
+    assert default_spec().task_markers == ("stt_transcribe", "stt_continue", "tts_continue")
     for path in _sources():
-        if path.name == "builtin.py":
+        if path.relative_to(ROOT).as_posix() == "apertus_plugins/core/vocab.py":
             continue
         text = path.read_text(encoding="utf-8")
         assert '("stt_transcribe", "stt_continue", "tts_continue")' not in text, path

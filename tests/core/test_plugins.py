@@ -29,7 +29,7 @@ def test_duplicate_names_are_an_error_naming_both_plugins():
     class Clash:
         @hookimpl
         def apertus_modalities(self):
-            return [Modality("image", 1, "image", (), ("x",), ("l",), lambda *a, **k: None)]
+            return [Modality("image", "image", ("x",), ("l",), lambda *a, **k: None)]
 
     pm = get_plugin_manager(load_entry_points=False)
     pm.register(Clash(), name="clashing-plugin")
@@ -54,23 +54,32 @@ def test_judges_and_rewards_are_collected():
     assert reg.reward_functions["always-one"]("x", None) == 1.0
 
 
-def test_a_modality_claiming_a_used_omni_slot_or_name_is_an_error_naming_both(monkeypatch):
-    from apertus_plugins.core.vocab import VocabError, registered_slots
+def test_a_modality_claiming_a_used_omni_slot_or_name_is_an_error_naming_both():
+    from apertus_plugins.core.vocab import VocabError
 
-    def with_modality(slots):
-        extra = Modality("probe", 1, "probe", (), ("probe_url",), ("l",), lambda *a, **k: None, slots=slots)
+    def registry_with(slots):
+        extra = Modality("probe", "probe", ("probe_url",), ("l",), lambda *a, **k: None, slots=slots)
         reg = build_registry(get_plugin_manager(load_entry_points=False))
         reg.modalities["probe"] = extra
-        monkeypatch.setattr(plugins, "registry", lambda: reg)
+        return reg
 
-    with_modality({7: ("probe", "<|probe|>")})
     with pytest.raises(VocabError, match=r"modality 'probe' claims omni slot 7 \('<\|probe\|>'\), which holds '<\|image\|>'"):
-        registered_slots()
-    with_modality({20: ("img_start", "<|img_start2|>")})
+        registry_with({7: ("probe", "<|probe|>")}).spec()
     with pytest.raises(VocabError, match="names omni slot 20 'img_start', the name of slot 1"):
-        registered_slots()
-    with_modality({20: ("probe", "<|probe|>")})
-    assert registered_slots()[20] == ("probe", "<|probe|>")
+        registry_with({20: ("img_start", "<|img_start2|>")}).spec()
+    spec = registry_with({20: ("probe", "<|probe|>")}).spec()
+    assert spec.slots[20] == ("probe", "<|probe|>") and spec.media_kind("probe").part_types == ("probe_url",)
+    assert spec.media_for_part("probe_url").name == "probe" and spec.id("probe") == spec.omni_offset + 20
+
+
+def test_the_core_spec_is_pure_data_and_the_registry_hands_its_own_down():
+    """Building a VocabSpec loads no plugin; the registry's spec is the core's plus the registered kinds."""
+    from apertus_plugins.core.vocab import BUILTIN_MEDIA, VocabSpec, default_spec
+
+    assert VocabSpec().media == BUILTIN_MEDIA and default_spec().media_placeholders()["image_url"] == "<|image|>"
+    reg = build_registry(get_plugin_manager(load_entry_points=False))
+    assert reg.spec().media == BUILTIN_MEDIA  # the built-in modalities are the core's kinds, no more
+    assert [m.kind for m in reg.modalities.values()] == list(BUILTIN_MEDIA)
 
 
 def test_a_hook_outside_the_contract_is_an_error_naming_plugin_and_hook():
@@ -104,22 +113,22 @@ from install import install_plugin  # noqa: E402  (tests/_plugins: the example p
 VIDEO_PROBE = textwrap.dedent('''
     import json, sys
     import numpy as np
+    from apertus_plugins import plugins
     from apertus_plugins.core.chat import ChatTokenizer, MediaItem, normalize_messages, render
     from apertus_plugins.core.chat.template import jinja_template
-    from apertus_plugins.plugins import registry
+    from apertus_plugins.core.vocab import VocabSpec
     from apertus_plugins.testing.tokenizer_builder import build_test_tokenizer
-    from apertus_plugins.core.vocab import VocabSpec, default_spec
 
-    r = registry()
-    spec = VocabSpec.scaled()
+    r = plugins.registry()
+    spec = plugins.spec(VocabSpec.scaled())  # the scaled layout with the installed modalities
     tok_dir = build_test_tokenizer(sys.argv[1], spec)
-    read = VocabSpec.from_tokenizer_dir(sys.argv[1])
-    chat = ChatTokenizer(sys.argv[1])
+    read = plugins.spec_from_tokenizer_dir(sys.argv[1])
+    chat = ChatTokenizer(sys.argv[1], read)
     msgs = [{"role": "user", "content": [{"type": "text", "text": "what happens? <|video|>"},
                                          {"type": "video_url", "video_url": {"url": "clip.npy"}}]},
             {"role": "assistant", "content": "A ball rolls."}]
-    norm = normalize_messages(msgs)
-    text = render(msgs, variant="training")
+    norm = normalize_messages(msgs, read)
+    text = render(msgs, variant="training", spec=read)
     plain = chat.encode_conversation(msgs, variant="training")
     seq = [spec.id("video_start"), spec.id("img_start"), 300, 301, spec.id("img_end"), spec.id("video_end")]
     full = chat.encode_conversation(msgs, variant="training", media=[MediaItem("video", seq)])
@@ -132,11 +141,13 @@ VIDEO_PROBE = textwrap.dedent('''
         wrong = str(exc)
     print(json.dumps({
         "names": sorted(r.modalities), "part": r.modality_for_part("video_url").name,
-        "ids": [default_spec().id(n) for n in ("video", "video_start", "video_end")],
+        "ids": [plugins.spec().id(n) for n in ("video", "video_start", "video_end")],
+        "pure": [n in VocabSpec().name_to_id for n in ("video", "video_start")],
         "read": [read.id(n) for n in ("video", "video_start", "video_end")],
         "normalized": norm[0]["content"] == {"parts": msgs[0]["content"]},
         "rendered": text,
-        "template_media": jinja_template().splitlines()[0],
+        "template_media": jinja_template(spec=read).splitlines()[0],
+        "checkpoint_template": open(sys.argv[1] + "/chat_template.jinja").read().splitlines()[0],
         "placeholders": int((plain.ids == vid).sum()),
         "expanded": full.ids[k:k + len(seq)].tolist() == seq and int((full.ids == vid).sum()) == 0,
         "roles": sorted(set(full.roles[k:k + len(seq)].tolist())),
@@ -156,11 +167,13 @@ def test_third_party_modality_installed_with_pip_goes_through_normalize_render_a
     got = json.loads(out.stdout)
     assert got["names"] == ["audio", "image", "video"] and got["part"] == "video"
     assert got["ids"] == [131_072 + 16, 131_072 + 17, 131_072 + 18]  # omni slots 16-18 of the released layout
+    assert got["pure"] == [False, False]  # the core's own spec knows only what it is given
     assert got["read"] == [512 + 16, 512 + 17, 512 + 18]  # and of the scaled test tokenizer written with the plugin
     assert got["normalized"]
     assert got["rendered"].endswith("<|user_start|>what happens? <|video|><|video|><|user_end|>"
                                     "<|assistant_start|>A ball rolls.<|assistant_end|>")
     assert '"video_url": "<|video|>"' in got["template_media"] and '"image_url": "<|image|>"' in got["template_media"]
+    assert got["checkpoint_template"] == got["template_media"]  # a tokenizer written with the spec renders video
     assert got["placeholders"] == 1  # the part's; the literal in the user's text stays text
     assert got["expanded"] and got["roles"] == [ROLES.index("image")]  # video codes are image codes
     assert "media item 0 is 'image' but placeholder 0 is 'video'" in got["wrong"]
@@ -171,6 +184,18 @@ def test_without_the_plugin_a_video_part_is_refused_naming_the_known_types():
 
     with pytest.raises(ChatFormatError, match="unknown content part type 'video_url'.*image_url.*input_audio"):
         normalize_messages([{"role": "user", "content": [{"type": "video_url", "video_url": {"url": "x"}}]}])
+
+
+def test_a_plain_vocab_spec_and_render_load_no_plugin():
+    """The core below the registry: building a VocabSpec and rendering import neither the registry nor pluggy."""
+    probe = ("import sys\n"
+             "from apertus_plugins.core.vocab import VocabSpec\n"
+             "from apertus_plugins.core.chat import render\n"
+             "VocabSpec(); render([{'role': 'user', 'content': [{'type': 'image_url', 'image_url': {'url': 'x'}}]}])\n"
+             "print(sorted(m for m in sys.modules if m.startswith(('apertus_plugins.plugins', 'pluggy'))))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
 
 
 def test_registry_is_cached_per_process():

@@ -13,7 +13,6 @@ from apertus_plugins.core.targets import (
     pretraining_targets,
     sft_mask,
     sft_mask_from_stored,
-    task_control_markers,
 )
 from apertus_plugins.core.vocab import VocabSpec
 
@@ -259,7 +258,7 @@ def test_presets_against_reference(seed: int) -> None:
     rng = np.random.default_rng(seed)
     for spec in (SPEC, FULL):
         ids = rng.choice(alphabet(spec) + list(range(spec.omni_offset, spec.omni_offset + 20)), 300).tolist()
-        ctl = {spec.id(n) for n in task_control_markers()}
+        ctl = {spec.id(n) for n in spec.task_markers}
         for preset, weights, excluded in (("all", {}, set()),
                                           ("text-only", {m.name: 0.0 for m in spec.modalities}, ctl)):
             out = pretraining_targets(np.array(ids), spec, preset)

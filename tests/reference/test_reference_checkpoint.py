@@ -21,7 +21,6 @@ from transformers import Apertus1p5Config, Apertus1p5ForConditionalGeneration, A
 from apertus_plugins.core.media import audio, image
 from apertus_plugins.core.vocab import VocabSpec
 from apertus_plugins.encoders import audio_ids, image_ids, load_media_tokenizers
-from apertus_plugins.testing import checkpoint
 from apertus_plugins.testing.checkpoint import read_checkpoint_config, write_checkpoint
 
 rng = np.random.default_rng(77)
@@ -232,4 +231,6 @@ def test_interrupted_write_leaves_nothing_and_overwrite_replaces(ckpt, tmp_path,
     write_checkpoint(out, seed=3, overwrite=True)
     assert (out / "model.safetensors").read_bytes() == (ckpt / "model.safetensors").read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x"]
-    assert checkpoint.parse_size("1.5MB") == 1_572_864
+    from apertus_plugins.infra.sizes import parse_size
+
+    assert parse_size("1.5MB") == 1_572_864

@@ -13,15 +13,20 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 from typing import Any
 
 import numpy as np
 
+from apertus_plugins.core.vocab import VocabSpec, default_spec
+
 from .parse import THINK_CLOSE, THINK_OPEN
 
-__all__ = ["VARIANTS", "MAX_NESTING", "REASONING_PARTS", "ChatFormatError", "compile_template", "jinja_template",
+__all__ = ["VARIANTS", "MAX_NESTING", "REASONING_PARTS", "ChatFormatError", "RenderOptions", "compile_template",
+           "jinja_template",
            "lift_reasoning_parts", "media_placeholders", "normalize_messages", "normalize_tools",
            "reasoning_as_blocks", "render"]
 
@@ -49,32 +54,68 @@ def _source() -> str:
     return (resources.files(__package__) / "apertus1p5.jinja").read_text(encoding="utf-8")
 
 
-@cache
-def media_placeholders() -> dict[str, str]:
-    """Content-part type -> placeholder literal, for every registered modality (the plugin
-    registry's ``part_types`` and ``placeholder``; the built-ins give ``image``, ``image_url`` and
-    ``input_image`` -> ``<|image|>``, ``audio``, ``audio_url`` and ``input_audio`` -> ``<|audio|>``).
-    Built once per process, as the registry is; do not modify the returned mapping."""
-    from apertus_plugins.core.vocab import default_spec
-    from apertus_plugins.plugins import registry
-
-    spec = default_spec()
-    return {t: spec.literal(m.placeholder) for m in registry().modalities.values() for t in m.part_types}
+def media_placeholders(spec: VocabSpec | None = None) -> dict[str, str]:
+    """Content-part type -> placeholder literal of every modality of ``spec`` (default: the released
+    layout: ``image``, ``image_url`` and ``input_image`` -> ``<|image|>``, ``audio``, ``audio_url`` and
+    ``input_audio`` -> ``<|audio|>``; a spec from :func:`apertus_plugins.plugins.spec` adds the
+    registered modalities')."""
+    return (spec or default_spec()).media_placeholders()
 
 
-def jinja_template(variant: str = "inference") -> str:
+def jinja_template(variant: str = "inference", spec: VocabSpec | None = None) -> str:
     """The Jinja source of the chat template, for ``tokenizer.chat_template``.
 
-    Its first line sets the media part types and their placeholders from the plugin registry
-    (:func:`media_placeholders`), so a checkpoint written with a plugin modality installed renders
-    that modality's parts too.
+    Its first line sets the media part types and their placeholders from ``spec``
+    (:func:`media_placeholders`), so a checkpoint written with a plugin's spec renders that
+    modality's parts too.
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown template variant {variant!r}; variants are {', '.join(VARIANTS)}")
-    media = "{%- set apertus_media = " + json.dumps(media_placeholders(), ensure_ascii=False) + " -%}\n"
+    media = "{%- set apertus_media = " + json.dumps(media_placeholders(spec), ensure_ascii=False) + " -%}\n"
     if variant == "training":
         return "{%- set apertus_training_variant = true -%}\n" + media + _source()
     return media + _source()
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """How a conversation is rendered: the template's three flags, the variant, the BOS literal, another template.
+
+    The one statement of the render parameters: :func:`render`, :func:`render_normalized` and
+    :meth:`ChatTokenizer.encode_conversation <apertus_plugins.core.chat.ChatTokenizer.encode_conversation>`
+    take an ``options`` object or the same fields as keywords.
+
+    Attributes:
+        add_generation_prompt: end with an open assistant turn.
+        enable_thinking: the thinking flag of the template (a boolean: a string ``"false"`` is refused).
+        continue_assistant_message: leave the last assistant message open.
+        variant: ``inference`` (the default system prompt) or ``training`` (an explicit empty system block).
+        bos_token: the BOS literal the template writes first.
+        template: another template source (a checkpoint's) instead of ``variant``'s.
+    """
+
+    add_generation_prompt: bool = False
+    enable_thinking: bool = False
+    continue_assistant_message: bool = False
+    variant: str = "inference"
+    bos_token: str = "<s>"
+    template: str | None = None
+
+    def __post_init__(self) -> None:
+        for flag in FLAGS:
+            value = getattr(self, flag)
+            if not isinstance(value, (bool, np.bool_)):
+                raise ChatFormatError(f"{flag} must be true or false, got {value!r} ({type(value).__name__})")
+            object.__setattr__(self, flag, bool(value))
+        if self.variant not in VARIANTS:
+            raise ValueError(f"unknown template variant {self.variant!r}; variants are {', '.join(VARIANTS)}")
+
+    @classmethod
+    def of(cls, options: RenderOptions | None = None, **fields: Any) -> RenderOptions:
+        """``options`` (default: the defaults) with ``fields`` replacing its values; an unknown name is a
+        ``TypeError`` naming it."""
+        base = options or cls()
+        return replace(base, **fields) if fields else base
 
 
 def _raise(message: str) -> None:
@@ -101,11 +142,7 @@ def compile_template(source: str) -> Any:
     return env.from_string(source)
 
 
-def _compiled(variant: str) -> Any:
-    return compile_template(jinja_template(variant))
-
-
-def _check_parts(parts: Any, where: str, text_only: bool) -> None:
+def _check_parts(parts: Any, where: str, text_only: bool, placeholders: Mapping[str, str]) -> None:
     for k, part in enumerate(parts):
         if isinstance(part, str):
             continue
@@ -117,10 +154,10 @@ def _check_parts(parts: Any, where: str, text_only: bool) -> None:
                 raise ChatFormatError(f"{where}, part {k}: a text part needs a string 'text'")
         elif text_only:
             raise ChatFormatError(f"{where}, part {k}: only text parts can stand here, got {kind!r}")
-        elif kind not in media_placeholders():
+        elif kind not in placeholders:
             raise ChatFormatError(
                 f"{where}, part {k}: unknown content part type {kind!r} (expected one of "
-                f"{', '.join(TEXT_PARTS + tuple(media_placeholders()))})")
+                f"{', '.join(TEXT_PARTS + tuple(placeholders))})")
 
 
 def _text_of(parts: list[Any]) -> str:
@@ -199,11 +236,11 @@ def normalize_tools(tools: Any) -> list[dict[str, Any]] | None:
     return tools
 
 
-def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def normalize_messages(messages: list[dict[str, Any]], spec: VocabSpec | None = None) -> list[dict[str, Any]]:
     """Check the messages and return them in the shape the released template renders.
 
     The released (canonical) shapes pass unchanged: string contents, user content as
-    ``{"parts": [...]}`` (``text`` parts and the media part types of the registered modalities:
+    ``{"parts": [...]}`` (``text`` parts and the media part types of ``spec``'s modalities:
     :func:`media_placeholders`), assistant content as a string or as
     ``{"blocks": [...]}`` (``thoughts``, ``response``, ``tool_calls``, ``tool_outputs``), tool calls
     with JSON-string arguments. OpenAI-style lists of parts become the canonical shape (user:
@@ -219,6 +256,7 @@ def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """
     if not isinstance(messages, list):
         raise ChatFormatError("messages must be a list")
+    placeholders = media_placeholders(spec)
     messages = lift_reasoning_parts(messages)
     out: list[dict[str, Any]] = []
     in_turn = False
@@ -235,10 +273,10 @@ def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if role == "system" and i != 0:
             raise ChatFormatError(f"{where}: a system message may only be the first message")
         if isinstance(c, list):
-            _check_parts(c, where, text_only=role != "user")
+            _check_parts(c, where, role != "user", placeholders)
             m["content"] = {"parts": c} if role == "user" else _text_of(c)
         elif role == "user" and isinstance(c, dict) and "parts" in c:
-            _check_parts(c["parts"], where, text_only=False)
+            _check_parts(c["parts"], where, False, placeholders)
         if role == "user":
             in_turn = False
         elif role == "assistant":
@@ -372,55 +410,39 @@ def reasoning_as_blocks(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def render(
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None = None,
-    add_generation_prompt: bool = False,
-    enable_thinking: bool = False,
-    continue_assistant_message: bool = False,
-    variant: str = "inference",
-    bos_token: str = "<s>",
-    template: str | None = None,
-) -> str:
+def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+           options: RenderOptions | None = None, *, spec: VocabSpec | None = None, **fields: Any) -> str:
     """Render a conversation to the exact string the model was trained on.
 
-    ``template`` renders with another template source (a checkpoint's) instead of ``variant``'s.
+    ``options`` (or its fields as keywords: ``add_generation_prompt=True``...) says how
+    (:class:`RenderOptions`); ``spec`` whose modalities' parts the conversation may carry (default:
+    the released layout's image and audio).
     """
-    return render_normalized(normalize_messages(messages), normalize_tools(tools), add_generation_prompt,
-                             enable_thinking, continue_assistant_message, variant, bos_token, template)
+    opts = RenderOptions.of(options, **fields)
+    return render_normalized(normalize_messages(messages, spec), normalize_tools(tools), opts, spec=spec)
 
 
-def render_normalized(
-    msgs: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None = None,
-    add_generation_prompt: bool = False,
-    enable_thinking: bool = False,
-    continue_assistant_message: bool = False,
-    variant: str = "inference",
-    bos_token: str = "<s>",
-    template: str | None = None,
-    marks: str | None = None,
-) -> str:
-    """Render messages that :func:`normalize_messages` has already checked.
+def render_normalized(msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                      options: RenderOptions | None = None, *, spec: VocabSpec | None = None,
+                      marks: str | None = None, **fields: Any) -> str:
+    """Render messages that :func:`normalize_messages` has already checked (the arguments of :func:`render`).
 
     ``marks``: the private-use characters :class:`~apertus_plugins.core.chat.ChatTokenizer` wrapped the
     request's text in (the template ignores them where it measures or compares a string).
     """
     from jinja2 import TemplateError
 
-    for flag, value in zip(FLAGS, (add_generation_prompt, enable_thinking, continue_assistant_message), strict=True):
-        if not isinstance(value, (bool, np.bool_)):
-            raise ChatFormatError(f"{flag} must be true or false, got {value!r} ({type(value).__name__})")
-    compiled = _compiled(variant) if template is None else compile_template(template)
+    opts = RenderOptions.of(options, **fields)
+    source = opts.template if opts.template is not None else jinja_template(opts.variant, spec)
     extra = {} if marks is None else {"apertus_marks": marks}
     try:
-        return compiled.render(
+        return compile_template(source).render(
             messages=msgs,
             tools=tools or None,
-            add_generation_prompt=bool(add_generation_prompt),
-            enable_thinking=bool(enable_thinking),
-            continue_assistant_message=bool(continue_assistant_message),
-            bos_token=bos_token,
+            add_generation_prompt=opts.add_generation_prompt,
+            enable_thinking=opts.enable_thinking,
+            continue_assistant_message=opts.continue_assistant_message,
+            bos_token=opts.bos_token,
             **extra,
         )
     except ChatFormatError:

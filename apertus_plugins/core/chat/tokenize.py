@@ -34,14 +34,21 @@ import itertools
 import json
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..vocab import CODE_TOKEN_FORMATS, LEGACY_REWRITES, VocabSpec, default_spec
-from .template import MAX_NESTING, ChatFormatError, normalize_messages, normalize_tools, render_normalized
+from .template import (
+    MAX_NESTING,
+    ChatFormatError,
+    RenderOptions,
+    normalize_messages,
+    normalize_tools,
+    render_normalized,
+)
 
 __all__ = ["ROLES", "ChatTokenizer", "Encoded", "MediaItem", "injection_literals"]
 
@@ -289,11 +296,9 @@ class ChatTokenizer:
         self._structure = lits
         self._structure_re = re.compile("|".join(re.escape(s) for s in sorted(lits, key=len, reverse=True)))
         self._id_to_name = self.spec.id_to_name
-        from apertus_plugins.plugins import registry
-
         names = self.spec.name_to_id
-        #: placeholder id -> the registered modality it stands for (those this vocabulary has)
-        self._placeholders = {names[m.placeholder]: m for m in registry().modalities.values() if m.placeholder in names}
+        #: placeholder id -> the modality of the spec it stands for
+        self._placeholders = {names[k.placeholder]: k for k in self.spec.media}
 
     # ------------------------------------------------------------------ plain text
     def text_ids(self, text: str) -> list[int]:
@@ -319,32 +324,26 @@ class ChatTokenizer:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
     # ------------------------------------------------------------------ conversations
-    def encode_conversation(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        add_generation_prompt: bool = False,
-        enable_thinking: bool = False,
-        continue_assistant_message: bool = False,
-        variant: str = "inference",
-        media: Sequence[MediaItem] | None = None,
-        template: str | None = None,
-    ) -> Encoded:
+    def encode_conversation(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                            options: RenderOptions | None = None, *, media: Sequence[MediaItem] | None = None,
+                            **fields: Any) -> Encoded:
         """Render and tokenize a conversation; see the module docstring for the guarantees.
 
-        ``template`` renders with another template source (a checkpoint's) instead of ``variant``'s;
-        the guarantees hold as long as that template emits user strings unchanged.
+        ``options`` (or its fields as keywords: ``add_generation_prompt=True``...) says how it is
+        rendered (:class:`~apertus_plugins.core.chat.template.RenderOptions`; the BOS literal is this
+        vocabulary's); a ``template`` option renders with another template source (a checkpoint's),
+        and the guarantees hold as long as that template emits user strings unchanged. The media
+        parts it accepts are those of this tokenizer's spec.
         """
         marks = DEFAULT_MARKS
         try:
-            norm = normalize_messages(messages)
+            opts = replace(RenderOptions.of(options, **fields), bos_token=self.spec.literal("bos"))
+            norm = normalize_messages(messages, self.spec)
             checked_tools = normalize_tools(tools)
             marks = _marks_for(norm, checked_tools)
             marker = _Marker(marks)
-            text = render_normalized(marker.messages(norm), tools=marker.tools(checked_tools),
-                                     add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking,
-                                     continue_assistant_message=continue_assistant_message, variant=variant,
-                                     bos_token=self.spec.literal("bos"), template=template, marks="".join(marks))
+            text = render_normalized(marker.messages(norm), marker.tools(checked_tools), opts, spec=self.spec,
+                                     marks="".join(marks))
         except ChatFormatError as exc:  # its message may quote marked text: the marks never show
             raise ChatFormatError(str(exc).replace(marks[0], "").replace(marks[1], "")) from None
         except (TypeError, AttributeError, KeyError, IndexError) as exc:  # a shape nothing above expected

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..vocab import VocabSpec
+from .errors import AudioError
 from .limits import MediaLimits, check_audio_header, check_audio_samples
 
 __all__ = [
@@ -29,10 +30,6 @@ __all__ = [
 SAMPLE_RATE = 24_000
 HOP = 600
 TARGET_PEAK_DBFS = -3.0
-
-
-class AudioError(ValueError):
-    """Audio that cannot be turned into a token sequence; the message names it."""
 
 
 def load_audio(source: str | Path | bytes, always_2d: bool = True,

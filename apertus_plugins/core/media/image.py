@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..vocab import VocabSpec
+from .errors import ImageError
 from .limits import MediaLimits, check_image_size, prereduce_factor
 
 __all__ = [
@@ -32,10 +33,6 @@ PATCH = 16
 MIN_PIXELS = 128 * 128
 MAX_PIXELS = 1400 * 1400
 MAX_ASPECT = 200
-
-
-class ImageError(ValueError):
-    """An image that cannot be turned into a token sequence; the message names it."""
 
 
 class ImageLayoutError(ValueError):

@@ -18,7 +18,7 @@ with the released processor. So the exact resize never reads more than
 Audio. The header numbers (frames, sample rate, channels) are checked before decoding when there
 is a header, and again on the decoded array; the samples are checked finite and within
 ``max_abs_sample`` before the downmix and the resampling, so nothing downstream can overflow or
-carry a NaN. A clip whose 24 kHz length would exceed ``max_audio_seconds`` is refused from those
+carry a NaN. A clip longer than ``max_audio_seconds`` (frames over sample rate) is refused from those
 numbers, before any resampling work (a low sample rate cannot make a small file huge).
 
 Every refusal is an :class:`~apertus_plugins.core.media.image.ImageError` or an
@@ -33,6 +33,8 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
+
+from .errors import AudioError, ImageError
 
 __all__ = ["MediaLimits", "DEFAULT_LIMITS", "check_image_size", "prereduce_factor", "check_audio_header",
            "check_audio_samples"]
@@ -50,7 +52,7 @@ class MediaLimits:
             mode, ``Image.reduce``) before the exact resize: 16,000,000 (e.g. 4000 x 4000; above
             the 12-megapixel photos of common phones, which stay bit-exact with the released
             processor).
-        max_audio_seconds: the longest clip accepted, counted at 24 kHz after resampling: 3600 s
+        max_audio_seconds: the longest clip accepted, frames over sample rate: 3600 s
             (144,000 codes). A server lowers it with its ``max_audio_seconds`` option (60 s).
         min_sample_rate, max_sample_rate: the accepted range of input sample rates, 1,000 to
             384,000 Hz (below it a header can make a small file resample into a huge one; above it
@@ -101,8 +103,6 @@ def _limits(limits: MediaLimits | None) -> MediaLimits:
 # ---------------------------------------------------------------------- images
 def check_image_size(height: int, width: int, limits: MediaLimits | None = None, name: str = "image") -> None:
     """Refuse an image whose header size is above ``max_image_pixels`` (``ImageError`` naming it)."""
-    from .image import ImageError
-
     lim = _limits(limits)
     pixels = int(height) * int(width)
     if pixels > lim.max_image_pixels:
@@ -128,10 +128,8 @@ def prereduce_factor(height: int, width: int, target: tuple[int, int], limits: M
 def check_audio_header(frames: int, sample_rate: float, channels: int = 1, limits: MediaLimits | None = None,
                        name: str = "audio", max_seconds: float | None = None) -> None:
     """Refuse a clip from its header numbers alone: no samples, a sample rate out of range, too many
-    channels, or longer than ``max_audio_seconds`` (or ``max_seconds`` when smaller) at 24 kHz.
+    channels, or longer than ``max_audio_seconds`` (or ``max_seconds`` when smaller): ``frames / rate`` seconds.
     Raises ``AudioError`` naming the clip and the limit."""
-    from .audio import SAMPLE_RATE, AudioError
-
     lim = _limits(limits)
     frames, channels = int(frames), int(channels)
     if frames <= 0:
@@ -147,15 +145,13 @@ def check_audio_header(frames: int, sample_rate: float, channels: int = 1, limit
         raise AudioError(f"{name}: {channels} channels; between 1 and {lim.max_channels} are accepted "
                          "(media limit max_channels)")
     limit = lim.max_audio_seconds if max_seconds is None else min(lim.max_audio_seconds, float(max_seconds))
-    if -(-frames * SAMPLE_RATE // rate) > limit * SAMPLE_RATE:  # the 24 kHz length, from the two numbers
+    if frames > limit * rate:  # the duration, from the two numbers
         raise AudioError(f"{name}: {frames:,} samples at {rate:,} Hz are {frames / rate:,.1f} s, longer than the "
                          f"{limit:g} s accepted (media limit max_audio_seconds)")
 
 
 def check_audio_samples(wave: np.ndarray, limits: MediaLimits | None = None, name: str = "audio") -> None:
     """Refuse non-finite samples and samples beyond ``max_abs_sample`` (``AudioError`` naming the first)."""
-    from .audio import AudioError
-
     lim = _limits(limits)
     x = np.asarray(wave)
     if x.size == 0:

@@ -760,7 +760,7 @@ def _clear(work: str) -> None:
 
 def tokenize(cfg: TokenizeConfig, out: Any = None) -> dict[str, Any]:
     """Run (or resume) the offline pipeline; print the summary to ``out`` and return the report."""
-    from apertus_plugins.core.chat import ChatTokenizer
+    from apertus_plugins.plugins import spec_from_tokenizer_dir
 
     out = out or sys.stdout
     _memory_check(cfg)
@@ -772,7 +772,7 @@ def tokenize(cfg: TokenizeConfig, out: Any = None) -> dict[str, Any]:
         print(f"{cfg.out}: already complete (same settings and inputs, outputs match their manifests)", file=out)
         print(format_report(done), file=out)
         return done
-    spec = ChatTokenizer(cfg.tokenizer).spec
+    spec = spec_from_tokenizer_dir(cfg.tokenizer)
     with _lock(cfg.work):
         if cfg.restart:  # under the lock: never pull the work directory from under a running run
             _clear(cfg.work)

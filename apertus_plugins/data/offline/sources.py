@@ -631,7 +631,9 @@ def _lines(fh: Any, start: int, end: int) -> Iterator[tuple[int, bytes]]:
 def _scan_jsonl(spec: dict[str, Any], media_root: str | None, media: MediaSettings, add: Callable[[Item], None],
                 out: ShardScan, read: Callable[[str], None]) -> None:
     from apertus_plugins.core.chat.template import ChatFormatError, normalize_messages
+    from apertus_plugins.plugins import spec as registered_spec
 
+    kinds = registered_spec()  # the installed modalities' part types
     path, display = spec["path"], spec["name"]
     base = media_base(path, media_root)
     seen: set[str] = set()
@@ -646,7 +648,7 @@ def _scan_jsonl(spec: dict[str, Any], media_root: str | None, media: MediaSettin
             try:
                 messages, _tools, _thinking = parse_record(raw, name)
                 try:
-                    norm = normalize_messages(messages)
+                    norm = normalize_messages(messages, kinds)
                 except ChatFormatError as exc:
                     raise BadInput(Reasons.CONVERSATION, f"{name}: {exc}") from exc
                 refs = []

@@ -160,8 +160,10 @@ class WorkerContext:
     @cached_property
     def chat(self) -> Any:
         from apertus_plugins.core.chat import ChatTokenizer
+        from apertus_plugins.plugins import spec_from_tokenizer_dir
 
-        return ChatTokenizer(self.cfg.tokenizer)
+        # the tokenizer's layout with the installed modalities (a plugin's parts and markers)
+        return ChatTokenizer(self.cfg.tokenizer, spec_from_tokenizer_dir(self.cfg.tokenizer))
 
     @property
     def spec(self) -> Any:
@@ -312,7 +314,7 @@ class WorkerContext:
         from apertus_plugins.core.chat import ChatFormatError, normalize_messages
 
         try:
-            return normalize_messages(messages)
+            return normalize_messages(messages, self.spec)
         except ChatFormatError as exc:
             raise BadInput(Reasons.CONVERSATION, f"{item.name}: {exc}") from exc
 
@@ -335,7 +337,7 @@ class WorkerContext:
         out: dict[str, np.ndarray] = {}
         try:
             messages = reasoning_as_blocks(messages)  # the template renders thinking from blocks only
-            norm = normalize_messages(messages)
+            norm = normalize_messages(messages, self.spec)
             enable = has_reasoning(norm) if thinking is None else thinking
             enc = self.chat.encode_conversation(messages, tools=tools, enable_thinking=enable, variant="training",
                                                 media=items)

@@ -69,9 +69,7 @@ def build_sequence(codes: Any, spec: Any, text_ids: Any = None, layout: str = "i
 
 VIDEO = Modality(
     name="video",
-    codebook_size=131_072,
     placeholder="video",
-    markers=("video_start", "video_end"),
     part_types=("video_url",),
     layouts=("inference", "training"),
     build_sequence=build_sequence,
