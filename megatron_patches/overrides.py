@@ -300,6 +300,7 @@ def _training_log(original: Callable[..., Any]) -> Callable[..., Any]:
     signature = inspect.signature(original)
     interval = IntervalLosses()
     accumulator: dict[str, Any] = {}  # the plugin's, handed to Megatron as total_loss_dict (Megatron's stays unused)
+    run: list[Any] = [None]  # Megatron's own dict of the current train() call, only compared
 
     @functools.wraps(original)
     def training_log(*args: Any, **kwargs: Any) -> Any:
@@ -307,6 +308,10 @@ def _training_log(original: Callable[..., Any]) -> Callable[..., Any]:
 
         bound = signature.bind(*args, **kwargs)
         a = bound.arguments
+        if a["total_loss_dict"] is not run[0]:  # a new train() call (an in-process restart): start afresh
+            run[0] = a["total_loss_dict"]
+            accumulator.clear()
+            interval.finish(accumulator, interval_ended=True)
         iteration = int(a["iteration"])
         skipped = bool(a.get("skipped_iter", 0))
         first = bool(a.get("is_first_iteration", False))

@@ -4,7 +4,8 @@
   an edit fails here, naming the function, what the wrapper relies on, and the digest to record
   once it is re-read;
 * installing the overrides checks and wraps each function once, keeps upstream's reachable, and
-  binds ``megatron.training.pretrain`` (the name scripts import) to the same wrapper;
+  binds ``megatron.training.pretrain`` (the name scripts import) to the same wrapper; a function
+  whose parameters changed stops the launcher naming it, before anything is wrapped;
 * the 0.19 ``pretrain`` wrapper hands Megatron a copy of the script's config container whose model
   is the Apertus model config (the plugin's builder, Megatron's own extension path), the Apertus
   dataset provider and forward step, everything else untouched, and leaves the script's container
@@ -18,10 +19,15 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import os
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from conftest import ROOT
 
 from megatron_patches import overrides
 from megatron_patches.overrides import TRAINING, applicable, check, source_digest
@@ -75,6 +81,31 @@ def test_install_wraps_each_function_once(installed: list[str]) -> None:
     import megatron.training
 
     assert megatron.training.pretrain is wrapped[f"{TRAINING}.pretrain"]
+
+
+def test_the_launcher_stops_naming_a_changed_function() -> None:
+    code = textwrap.dedent("""
+        import megatron.training.training as t
+
+        def train_step(data_iterator, model, optimizer, iteration=None):  # upstream's, one parameter gone
+            return {}
+
+        t.train_step = train_step
+        from megatron_patches import launcher
+
+        try:
+            launcher.activate()
+        except launcher.LauncherError as exc:
+            print("refused:", exc)
+        print("wrapped:", [n for n in ("pretrain", "training_log") if hasattr(getattr(t, n), "__apertus_original__")])
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "refused: megatron.training.training.train_step('data_iterator', 'model', 'optimizer', 'iteration') has " \
+           "changed: apertus-megatron's wrapper binds ['forward_step_func', 'data_iterator', 'model', 'optimizer'] " \
+           "first" in out.stdout, out.stdout
+    assert "checked on 0.16.1, 0.19.2" in out.stdout and "wrapped: []" in out.stdout
 
 
 def test_pretrain_hands_megatron_a_copy_of_the_container_with_the_apertus_model() -> None:
