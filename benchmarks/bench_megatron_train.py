@@ -47,7 +47,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "megatron-train"))
 
-from conftest import build_data, cpu_env, model_flags, torchrun, train_flags  # noqa: E402
+from conftest import build_data, cpu_env, model_flags, torchrun, train_flags  # noqa: E402  (the suite's helpers, put on the path just above: this script runs by path)
 
 
 @dataclass(frozen=True)

@@ -44,9 +44,11 @@ def add_apertus_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     g.add_argument("--apertus-tokenizer", default=None, metavar="DIR",
                    help="tokenizer directory whose id layout (VocabSpec) the loss targets use; default: "
                    "--tokenizer-model when it is a directory with tokenizer.json, else the released layout")
-    g.add_argument("--apertus-embedding-rows", type=int, default=None, metavar="N",
-                   help="rows of the input embedding and output layer (the released model: 266752); default: "
-                   "Megatron's padded vocabulary size")
+    # Megatron's own --padded-vocab-size under the plugin's name (the same destination): Megatron builds,
+    # checkpoints and counts the embedding with it
+    g.add_argument("--apertus-embedding-rows", type=int, default=None, metavar="N", dest="padded_vocab_size",
+                   help="rows of the input embedding and output layer (the released model: 266752): Megatron's "
+                   "--padded-vocab-size; default: Megatron's padded vocabulary size")
     # loss targets (SPEC.md 4.1)
     g.add_argument("--apertus-targets", default="all", choices=("all", "text-only"),
                    help="stage preset: all (stage 1, every modality predicted) or text-only (stage 2 on: content "
@@ -231,8 +233,9 @@ def _options_from_args(args: argparse.Namespace) -> ApertusOptions:
     if both:
         raise ValueError(f"--apertus-bfd-data and --apertus-sft-data both name {', '.join(both)}: a prefix holds either "
                          "pretraining documents or conversations")
-    if args.apertus_embedding_rows is not None:
-        spec.check_embedding(args.apertus_embedding_rows, "embedding (--apertus-embedding-rows)")
+    rows = getattr(args, "padded_vocab_size", None)
+    if rows is not None:
+        spec.check_embedding(rows, "embedding (--apertus-embedding-rows / --padded-vocab-size)")
     pad_multiple = _pad_multiple(args)
     return ApertusOptions(
         spec=spec,
@@ -246,7 +249,7 @@ def _options_from_args(args: argparse.Namespace) -> ApertusOptions:
         packed_sequences=bool(args.apertus_packed_sequences),
         manifest=args.apertus_manifest,
         manifest_checksums=bool(getattr(args, "apertus_manifest_checksums", False)),
-        embedding_rows=args.apertus_embedding_rows,
+        embedding_rows=rows,
         optimizer=args.apertus_optimizer,
         ademamix={"beta3": args.apertus_ademamix_beta3, "alpha": args.apertus_ademamix_alpha,
                   "alpha_warmup": args.apertus_ademamix_alpha_warmup or None,

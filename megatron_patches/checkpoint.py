@@ -29,18 +29,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
+from megatron.core import dist_checkpointing, parallel_state
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from apertus_plugins.core.release import ROPE_TYPE
+
+from .convert import ConversionError, ConvertedWeights, ModelShape, replace_dir
+from .spec import apertus_layer_spec, build_gpt_model, local_to_checkpoint_name
 from .version import require_supported
 
+# the version check follows the imports (import order): an unsupported megatron-core stops here with the
+# supported range, before anything of this module is defined or run
 require_supported()
-
-import torch  # noqa: E402
-from megatron.core import dist_checkpointing, parallel_state  # noqa: E402
-from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
-
-from apertus_plugins.core.release import ROPE_TYPE  # noqa: E402
-
-from .convert import ConversionError, ConvertedWeights, ModelShape, replace_dir  # noqa: E402
-from .spec import apertus_layer_spec, build_gpt_model, local_to_checkpoint_name  # noqa: E402
 
 __all__ = ["TRACKER", "RELEASE", "SIDE_DIR", "single_process_group", "build_cpu_model", "save_megatron",
            "load_megatron", "checkpoint_args", "read_checkpoint_args", "rope_differences"]

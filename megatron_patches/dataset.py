@@ -39,28 +39,29 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .version import require_supported
+import numpy as np
+import torch
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+from megatron.core.datasets.indexed_dataset import IndexedDataset as MegatronIndexedDataset
+from megatron.core.datasets.megatron_dataset import MegatronDataset
+from megatron.core.datasets.utils import Split
 
-require_supported()
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig  # noqa: E402
-from megatron.core.datasets.indexed_dataset import IndexedDataset as MegatronIndexedDataset  # noqa: E402
-from megatron.core.datasets.megatron_dataset import MegatronDataset  # noqa: E402
-from megatron.core.datasets.utils import Split  # noqa: E402
-
-from apertus_plugins.core.goldfish import goldfish_drop  # noqa: E402
-from apertus_plugins.core.packing import (  # noqa: E402
+from apertus_plugins.core.goldfish import goldfish_drop
+from apertus_plugins.core.packing import (
     best_fit_decreasing,
     packed_layout,
     packed_layout_from_eod,
     pad_to_multiple,
 )
-from apertus_plugins.core.targets import TargetConfig, pretraining_targets, sft_mask, sft_mask_from_stored  # noqa: E402
+from apertus_plugins.core.targets import TargetConfig, pretraining_targets, sft_mask, sft_mask_from_stored
 
-from .arguments import ApertusOptions  # noqa: E402
-from .errors import SftPackingError  # noqa: E402
+from .arguments import ApertusOptions
+from .errors import SftPackingError
+from .version import require_supported
+
+# the version check follows the imports (import order): an unsupported megatron-core stops here with the
+# supported range, before anything of this module is defined or run
+require_supported()
 
 __all__ = ["ApertusDatasetConfig", "ApertusDataset", "SftPackingError", "attention_mask_from_documents"]
 

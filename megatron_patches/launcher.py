@@ -3,34 +3,26 @@
 The launcher does what ``python SCRIPT ...`` does (``sys.argv``, the script's directory first on
 ``sys.path``, ``__name__ == "__main__"``), after it has
 
-1. checked the ``megatron.core`` that the script will import (a supported version, else a clear error);
-2. activated the plugin on Megatron-LM's training entry (``megatron.training``: from the user's
-   checkout with 0.16, packaged in the megatron-core wheel from 0.19), through the form it has:
+1. expanded ``--apertus-recipe NAME`` (:mod:`megatron_patches.recipes`) into the stage's flags,
+   put before the command line's and printed;
+2. checked the ``megatron.core`` that the script will import (a supported version, else a clear error);
+3. activated the plugin on Megatron-LM's training entry (``megatron.training``: from the user's
+   checkout with 0.16, packaged in the megatron-core wheel from 0.19), told apart by the form of
+   ``pretrain`` (:func:`training_form`), with the overrides of :mod:`megatron_patches.overrides`:
+   the script's call of ``pretrain`` gets the Apertus dataset provider, forward step and model
+   (0.16: the model provider and the ``--apertus-*`` group as ``extra_args_provider``; 0.19: the
+   config container's model as :class:`~megatron_patches.model_builder.ApertusModelConfig`, the
+   group through ``parse_and_validate_args``), a step without targets is skipped, the log's
+   losses are each over their own targets, and megatron-core's optimizer construction applies
+   the Apertus weight-decay rule and, on request, AdEMAMix.
 
-   * 0.16 (``pretrain(dataset_provider, model_provider, model_type, forward_step,
-     extra_args_provider=...)``): ``pretrain`` is wrapped so that the ``--apertus-*`` arguments join
-     the script's ``extra_args_provider`` and the Apertus dataset provider, model provider and
-     forward step (:mod:`megatron_patches.training`) replace the script's;
-   * 0.19 (``parse_and_validate_args(extra_args_provider=...)`` then ``pretrain(config_container,
-     dataset_provider, model_type, forward_step, ...)``): ``parse_and_validate_args`` adds the
-     arguments, ``pretrain`` swaps the providers and sets the container's layer spec, RoPE scaling
-     factor and vocabulary rows;
-
-   ``train_step`` and ``training_log`` are wrapped (both forms) so that a step whose global batch
-   holds no loss target skips its optimizer step and says so, and the per-modality losses are
-   logged over their own targets (:func:`megatron_patches.training.wrap_train_step`); and
-   megatron-core's optimizer construction gets the Apertus weight-decay rule and, on request,
-   AdEMAMix (:mod:`megatron_patches.optimizer`) once the arguments are parsed.
-
-``--apertus-recipe NAME`` (:mod:`megatron_patches.recipes`) is expanded into the stage's flags
-before the script sees its arguments, and printed. The script itself is never modified. A script that does not import ``megatron.training`` runs with
+The script itself is never modified. A script that does not import ``megatron.training`` runs with
 the plugin active all the same (its own code may call :func:`megatron_patches.arguments.add_apertus_args`).
 """
 
 from __future__ import annotations
 
 import ast
-import functools
 import importlib
 import importlib.util
 import inspect
@@ -41,8 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ApertusRunError, PreflightError
-from .version import SUPPORTED, SUPPORTED_RANGE, MegatronVersionError, megatron_core_version
+from . import overrides
+from .errors import ApertusRunError
+from .version import SUPPORTED, MegatronVersionError, megatron_core_version
 
 __all__ = ["LauncherError", "ActivePlugin", "active", "activate", "training_form", "run_script", "main",
            "script_imports_megatron_training"]
@@ -108,145 +101,12 @@ def training_form(pretrain: Any) -> str:
                         "pretrain(config_container, dataset_provider, model_type, forward_step, ...))")
 
 
-# ------------------------------------------------------------------------------------ the patches
-def _on_args_ready(args: Any) -> None:
-    """After Megatron has parsed its arguments: build the options, install the optimizer rules."""
-    from . import optimizer, training
-    from .arguments import describe_options, options_from_args
-
-    options = options_from_args(args)
-    training.set_options(options)
-    if os.environ.get("RANK", "0") == "0":
-        print(f" [apertus] {describe_options(options)}", flush=True)
-    if getattr(args, "mock_data", False):
-        raise PreflightError("--mock-data is not supported with apertus-megatron (the Apertus targets need "
-                                      "real indexed datasets)")
-    optimizer.install(options)
-
-
-def _pretrain_016(original: Any) -> Any:
-    from . import training
-    from .arguments import add_apertus_args, chain_extra_args
-
-    def model_provider(*a: Any, **kw: Any) -> Any:
-        from megatron.training import get_args
-
-        if not training._OPTIONS:
-            _on_args_ready(get_args())
-        return training.model_provider(*a, **kw)
-
-    @functools.wraps(original)
-    def pretrain(train_valid_test_dataset_provider: Any, model_provider_: Any, model_type: Any,
-                 forward_step_func: Any, process_non_loss_data_func: Any = None, extra_args_provider: Any = None,
-                 *args: Any, **kwargs: Any) -> Any:
-        return original(training.train_valid_test_datasets_provider, model_provider, model_type,
-                        training.forward_step, process_non_loss_data_func,
-                        chain_extra_args(extra_args_provider, add_apertus_args), *args, **kwargs)
-
-    pretrain.__apertus_original__ = original  # type: ignore[attr-defined]
-    return pretrain
-
-
-def _parse_and_validate_019(original: Any) -> Any:
-    from .arguments import add_apertus_args, chain_extra_args
-
-    @functools.wraps(original)
-    def parse_and_validate_args(extra_args_provider: Any = None, *args: Any, **kwargs: Any) -> Any:
-        parsed = original(chain_extra_args(extra_args_provider, add_apertus_args), *args, **kwargs)
-        _on_args_ready(parsed)
-        return parsed
-
-    parse_and_validate_args.__apertus_original__ = original  # type: ignore[attr-defined]
-    return parse_and_validate_args
-
-
-def _pretrain_019(original: Any) -> Any:
-    from . import training
-
-    @functools.wraps(original)
-    def pretrain(cfg_container: Any, train_valid_test_dataset_provider: Any, model_type: Any,
-                 forward_step_func: Any, *args: Any, **kwargs: Any) -> Any:
-        from megatron.training import get_args
-
-        from .spec import apertus_layer_spec, check_apertus_config
-
-        margs = get_args()
-        options = training.get_options()
-        model = getattr(cfg_container, "model", None)
-        if model is not None:
-            use_te = margs.transformer_impl == "transformer_engine"
-            check_apertus_config(model.transformer)
-
-            def layer_spec(config: Any, vp_stage: int | None = None) -> Any:
-                return apertus_layer_spec(use_te)
-
-            model.transformer_layer_spec = layer_spec
-            model.rope_scaling = bool(margs.use_rope_scaling)
-            model.rope_scaling_factor = float(margs.rope_scaling_factor)  # upstream leaves the default 8
-            model.share_embeddings_and_output_weights = False
-            model.vocab_size = training.embedding_rows(margs, options)
-            model.should_pad_vocab = False
-        else:
-            kwargs["model_provider"] = training.model_provider
-        return original(cfg_container, training.train_valid_test_datasets_provider, model_type,
-                        training.forward_step, *args, **kwargs)
-
-    pretrain.__apertus_original__ = original  # type: ignore[attr-defined]
-    return pretrain
-
-
-def _initialize_megatron(original: Any) -> Any:
-    """Megatron's initialization, then the preflight: once per job, on rank 0, its verdict broadcast."""
-
-    @functools.wraps(original)
-    def initialize_megatron(*args: Any, **kwargs: Any) -> Any:
-        from megatron.training import get_args
-
-        from . import training
-
-        out = original(*args, **kwargs)
-        training.preflight_from_args(get_args(), training.get_options())
-        return out
-
-    initialize_megatron.__apertus_original__ = original  # type: ignore[attr-defined]
-    return initialize_megatron
-
-
-def _patch_training_loop(training_mod: Any) -> None:
-    """Steps without targets and per-modality logging (:func:`megatron_patches.training.wrap_train_step`);
-    the preflight right after Megatron's initialization."""
-    from .training import wrap_train_step, wrap_training_log
-
-    if not callable(getattr(training_mod, "initialize_megatron", None)):
-        raise LauncherError("Megatron-LM's megatron.training.training has no initialize_megatron; supported: "
-                            f"megatron-core {SUPPORTED_RANGE}")
-    _patch(training_mod, "initialize_megatron", _initialize_megatron)
-
-    for name, make, want in (("train_step", wrap_train_step, ["forward_step_func", "data_iterator", "model",
-                                                                  "optimizer"]),
-                             ("training_log", wrap_training_log, ["loss_dict", "total_loss_dict"])):
-        fn = getattr(training_mod, name, None)
-        fn = getattr(fn, "__apertus_original__", fn)
-        params = list(inspect.signature(fn).parameters)[:len(want)] if fn is not None else []
-        if params != want or (name == "training_log" and not {"iteration", "skipped_iter"} <= set(
-                inspect.signature(fn).parameters)):
-            raise LauncherError(f"Megatron-LM's megatron.training.training.{name} has an unexpected form "
-                                f"({params}); supported: megatron-core {SUPPORTED_RANGE}")
-        _patch(training_mod, name, make)
-
-
-def _patch(module: Any, name: str, make: Any) -> None:
-    current = getattr(module, name)
-    if hasattr(current, "__apertus_original__"):
-        return
-    setattr(module, name, make(current))
-
-
 def activate(script: str | os.PathLike[str] | None = None) -> ActivePlugin:
-    """Check megatron-core and patch Megatron-LM's training entry (see the module docstring); idempotent.
+    """Check megatron-core and install the overrides on Megatron-LM's training entry (see the module docstring).
 
-    Raises :class:`LauncherError` for an unsupported version, or when ``script`` imports
-    ``megatron.training`` and no Megatron-LM checkout provides it.
+    Idempotent. Raises :class:`LauncherError` for an unsupported version, an upstream function the
+    overrides cannot wrap (named), or when ``script`` imports ``megatron.training`` and no
+    Megatron-LM checkout provides it.
     """
     if _ACTIVE:
         return _ACTIVE[0]
@@ -259,17 +119,12 @@ def activate(script: str | os.PathLike[str] | None = None) -> ActivePlugin:
         raise LauncherError(str(exc)) from exc
     form = None
     if importlib.util.find_spec("megatron.training") is not None:
-        training_pkg = importlib.import_module("megatron.training")
         training_mod = importlib.import_module("megatron.training.training")
         form = training_form(getattr(training_mod.pretrain, "__apertus_original__", training_mod.pretrain))
-        _patch_training_loop(training_mod)
-        if form == "0.16":
-            _patch(training_mod, "pretrain", _pretrain_016)
-        else:
-            arguments_mod = importlib.import_module("megatron.training.arguments")
-            _patch(arguments_mod, "parse_and_validate_args", _parse_and_validate_019)
-            _patch(training_mod, "pretrain", _pretrain_019)
-        training_pkg.pretrain = training_mod.pretrain
+        try:
+            overrides.install(form)
+        except overrides.UpstreamChangedError as exc:
+            raise LauncherError(str(exc)) from exc
     elif script is not None and script_imports_megatron_training(script):
         raise LauncherError(
             f"{script} imports megatron.training, which the megatron-core wheel does not include (before 0.19 it "

@@ -1,49 +1,43 @@
-"""AdEMAMix and the Apertus weight-decay rule inside megatron-core's optimizer setup.
+"""AdEMAMix and the Apertus weight-decay rule, in the form megatron-core's optimizer setup takes them.
 
 megatron-core builds its optimizer in ``_get_megatron_optimizer_based_on_param_groups``: it creates
-the torch optimizer (``adam_cls(**kwargs)``, where ``adam_cls`` is the module's ``Adam`` unless it
-falls back to torch's) and wraps it (``FP32Optimizer`` or ``Float16OptimizerWithFloat16Params``,
-whose checkpoints carry every per-parameter state tensor). :func:`install` wraps that function:
+the torch optimizer (``Adam(**kwargs)``, its module's ``Adam`` unless it falls back to torch's) and
+wraps it (``FP32Optimizer`` or ``Float16OptimizerWithFloat16Params``, whose checkpoints carry every
+per-parameter state tensor). Megatron-LM's ``pretrain`` calls it with no way in, so the adapter
+wraps it (:func:`megatron_patches.overrides.optimizer_builder`, the reasons there) with what this
+module provides:
 
-* ``--apertus-weight-decay-on all``: every parameter group gets ``wd_mult = 1`` (the recipe decays
-  norm gains and the xIELU scalars too; upstream skips 1-D parameters);
-* ``--apertus-optimizer ademamix``: while the wrapped function runs, its ``Adam`` is
-  :class:`MegatronAdEMAMix` (the Adam keyword arguments it passes, plus beta3 and alpha with their
-  warmups from the ``--apertus-ademamix-*`` flags), and the wrapper's ``init_state_fn`` (the
-  checkpoint-loading template) creates AdEMAMix's three state tensors.
+* ``--apertus-weight-decay-on all``: :func:`apply_weight_decay_rule` gives every parameter group
+  ``wd_mult = 1`` (the recipe decays norm gains and the xIELU scalars too; upstream skips 1-D
+  parameters);
+* ``--apertus-optimizer ademamix``: :class:`MegatronAdEMAMix` takes the Adam keyword arguments
+  megatron-core passes, plus beta3 and alpha with their warmups from the ``--apertus-ademamix-*``
+  flags; :func:`ademamix_init_state_fn` (the checkpoint-loading template) creates AdEMAMix's three
+  state tensors; :func:`check_ademamix_config` refuses the settings AdEMAMix cannot serve.
 
 megatron-core's ``DistributedOptimizer`` checkpoints only Adam's two moments, so AdEMAMix with
-``--use-distributed-optimizer`` is refused (its slow EMA would be lost on every save).
+``--use-distributed-optimizer`` is refused (its slow EMA would be lost on every save). Nothing here
+imports Megatron.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-from collections.abc import Iterator
 from typing import Any
 
-from .version import require_supported
+import torch
 
-require_supported()
+from .ademamix import AdEMAMix
 
-import megatron.core.optimizer as _mcore_optimizer  # noqa: E402
-import torch  # noqa: E402
-
-from .ademamix import AdEMAMix  # noqa: E402
-from .arguments import ApertusOptions  # noqa: E402
-
-__all__ = ["MegatronAdEMAMix", "ademamix_init_state_fn", "apply_weight_decay_rule", "adam_replaced_by_ademamix",
-           "check_ademamix_config", "install", "uninstall", "installed"]
-
-_TARGET = "_get_megatron_optimizer_based_on_param_groups"
+__all__ = ["AdEMAMix", "MegatronAdEMAMix", "ademamix_init_state_fn", "apply_weight_decay_rule",
+           "check_ademamix_config"]
 
 
 class MegatronAdEMAMix(AdEMAMix):
     """:class:`AdEMAMix` taking the keyword arguments megatron-core passes to its ``Adam``.
 
     ``betas`` is Adam's ``(beta1, beta2)``; ``adam_w_mode`` selects decoupled weight decay;
-    ``beta3``, ``alpha`` and the warmups come from ``settings`` (bound by :func:`install`).
+    ``beta3``, ``alpha`` and the warmups come from ``settings`` (bound by
+    :func:`megatron_patches.overrides.adam_replaced_by_ademamix`).
     """
 
     settings: dict[str, Any] = {}
@@ -69,12 +63,6 @@ def ademamix_init_state_fn(opt: torch.optim.Optimizer, config: Any = None) -> No
             opt.init_state(p)  # type: ignore[attr-defined]
 
 
-def _set_init_state_fn(optimizer: Any) -> None:
-    for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
-        if isinstance(getattr(sub, "optimizer", None), AdEMAMix):
-            sub.init_state_fn = ademamix_init_state_fn
-
-
 def apply_weight_decay_rule(param_groups: list[dict[str, Any]], rule: str) -> None:
     """``rule == "all"``: every megatron-core parameter group decays (``wd_mult = 1``); ``"megatron"``: unchanged.
 
@@ -97,18 +85,6 @@ def apply_weight_decay_rule(param_groups: list[dict[str, Any]], rule: str) -> No
     param_groups[:] = merged
 
 
-@contextlib.contextmanager
-def adam_replaced_by_ademamix(settings: dict[str, Any]) -> Iterator[None]:
-    """Inside the block, megatron-core's optimizer module builds :class:`MegatronAdEMAMix` where it builds ``Adam``."""
-    saved = (_mcore_optimizer.Adam, _mcore_optimizer.USING_PYTORCH_OPTIMIZER, MegatronAdEMAMix.settings)
-    MegatronAdEMAMix.settings = dict(settings)
-    _mcore_optimizer.Adam, _mcore_optimizer.USING_PYTORCH_OPTIMIZER = MegatronAdEMAMix, False
-    try:
-        yield
-    finally:
-        _mcore_optimizer.Adam, _mcore_optimizer.USING_PYTORCH_OPTIMIZER, MegatronAdEMAMix.settings = saved
-
-
 def check_ademamix_config(config: Any) -> None:
     """Raise ``ValueError`` for megatron-core optimizer settings AdEMAMix cannot serve."""
     if config.optimizer != "adam":
@@ -121,39 +97,3 @@ def check_ademamix_config(config: Any) -> None:
         raise ValueError("--apertus-optimizer ademamix does not support --optimizer-cpu-offload")
     if getattr(config, "use_precision_aware_optimizer", False):
         raise ValueError("--apertus-optimizer ademamix does not support --use-precision-aware-optimizer")
-
-
-def _wrapped(original: Any, options: ApertusOptions) -> Any:
-    @functools.wraps(original)
-    def build(config: Any, model_chunks: Any, param_groups: list[dict[str, Any]], *args: Any, **kwargs: Any) -> Any:
-        apply_weight_decay_rule(param_groups, options.weight_decay_on)
-        if options.optimizer != "ademamix":
-            return original(config, model_chunks, param_groups, *args, **kwargs)
-        check_ademamix_config(config)
-        with adam_replaced_by_ademamix(options.ademamix):
-            optimizer = original(config, model_chunks, param_groups, *args, **kwargs)
-        if isinstance(optimizer, tuple):  # 0.19 with skip_megatron_wrapping: (torch optimizer, init_state_fn)
-            opt, init_fn = optimizer
-            return opt, (ademamix_init_state_fn if isinstance(opt, AdEMAMix) else init_fn)
-        _set_init_state_fn(optimizer)
-        return optimizer
-
-    build.__apertus_original__ = original  # type: ignore[attr-defined]
-    return build
-
-
-def install(options: ApertusOptions) -> None:
-    """Wrap megatron-core's optimizer construction with the Apertus rules (idempotent; see the module docstring)."""
-    current = getattr(_mcore_optimizer, _TARGET)
-    original = getattr(current, "__apertus_original__", current)
-    setattr(_mcore_optimizer, _TARGET, _wrapped(original, options))
-
-
-def uninstall() -> None:
-    """Restore megatron-core's own optimizer construction."""
-    current = getattr(_mcore_optimizer, _TARGET)
-    setattr(_mcore_optimizer, _TARGET, getattr(current, "__apertus_original__", current))
-
-
-def installed() -> bool:
-    return hasattr(getattr(_mcore_optimizer, _TARGET), "__apertus_original__")

@@ -18,20 +18,22 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import torch
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
+from megatron.core.transformer.mlp import MLP, MLPSubmodules
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from apertus_plugins.core import xielu as _xielu
+
 from .version import require_supported
 
+# the version check follows the imports (import order): an unsupported megatron-core stops here with the
+# supported range, before anything of this module is defined or run
 require_supported()
-
-import torch  # noqa: E402
-from megatron.core.models.gpt import GPTModel  # noqa: E402
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # noqa: E402
-from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region  # noqa: E402
-from megatron.core.transformer.mlp import MLP, MLPSubmodules  # noqa: E402
-from megatron.core.transformer.module import MegatronModule  # noqa: E402
-from megatron.core.transformer.spec_utils import ModuleSpec  # noqa: E402
-from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
-
-from apertus_plugins.core import xielu as _xielu  # noqa: E402
 
 __all__ = ["XIELU", "ApertusMLP", "apertus_layer_spec", "check_apertus_config", "build_gpt_model",
            "local_to_checkpoint_name"]

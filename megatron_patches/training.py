@@ -1,7 +1,7 @@
 """The batch, forward step, loss function, model provider and dataset provider of an Apertus run.
 
 These are what the launcher passes to Megatron-LM's ``pretrain`` in place of ``pretrain_gpt.py``'s
-own, with the same signatures:
+own, through ``pretrain``'s parameters, with the same signatures:
 
 * :func:`forward_step` ``(data_iterator, model, return_schedule_plan=False)`` reads a batch with
   :func:`get_batch` (which keeps the ``modality`` key upstream's drops) and returns the model's
@@ -19,51 +19,49 @@ own, with the same signatures:
   (:func:`batch_on_this_cp_rank`, the index math in :func:`apertus_plugins.core.packing.cp_partition_indices`):
   tokens, labels, loss mask, modality ids (and with them the Goldfish drops, part of the mask) and
   position ids alike.
-* :func:`wrap_train_step` and :func:`wrap_training_log` (installed by the launcher) make a step
-  whose global batch holds no target visible: its optimizer step is skipped (Megatron counts it
-  among the skipped iterations), the log says so and counts it (``--apertus-empty-steps error``
-  stops the run instead), and a modality without targets in a logging interval is left out of
-  that interval's log line rather than logged as 0.
-* :func:`model_provider` builds the Apertus ``GPTModel`` (:mod:`megatron_patches.spec`).
+* :class:`StepTargets` counts each step's targets (all, and per modality); the ``train_step``
+  override (:mod:`megatron_patches.overrides`) reads the counts to skip a step whose global batch
+  holds no target and to leave a modality without targets out of the step's losses.
+* :func:`model_provider` builds the Apertus ``GPTModel`` (:mod:`megatron_patches.spec`) after the
+  :func:`preflight`; it is ``pretrain``'s model provider with Megatron-LM 0.16 and the builder of
+  :class:`~megatron_patches.model_builder.ApertusModelConfig` from 0.19.
 * :func:`train_valid_test_datasets_provider` builds :class:`~megatron_patches.dataset.ApertusDataset`
   blends with megatron-core's ``BlendedMegatronDatasetBuilder``.
 * :func:`preflight` fails before training on a corrupt or mismatched ``.bin``/``.idx`` pair, a
   prefix missing from the manifest, or a vocabulary that does not fit the embedding.
 
-``megatron.training`` (Megatron-LM) is imported only inside the functions that need it.
+``megatron.training`` (Megatron-LM) is imported only inside the functions that need it: with
+megatron-core 0.16 it is the user's checkout, which the launcher puts on the path.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from functools import partial
 from typing import Any
 
+import torch
+from megatron.core import parallel_state
+
+from apertus_plugins.core.packing import cp_partition_indices
+from apertus_plugins.core.vocab import VocabSpec
+from apertus_plugins.data.indexed import IndexedDataset, IndexedDatasetError
+from apertus_plugins.data.manifest import read_manifest, verify_manifest
+
+from .arguments import ApertusOptions, describe_options, options_from_args
+from .errors import PreflightError
 from .version import require_supported
 
+# the version check follows the imports (import order): an unsupported megatron-core stops here with the
+# supported range, before anything of this module is defined or run
 require_supported()
-
-import torch  # noqa: E402
-from megatron.core import parallel_state  # noqa: E402
-
-from apertus_plugins.core.packing import cp_partition_indices  # noqa: E402
-from apertus_plugins.core.vocab import VocabSpec  # noqa: E402
-from apertus_plugins.data.indexed import IndexedDataset, IndexedDatasetError  # noqa: E402
-from apertus_plugins.data.manifest import read_manifest, verify_manifest  # noqa: E402
-
-from .arguments import ApertusOptions, options_from_args  # noqa: E402
-from .errors import PreflightError  # noqa: E402
 
 __all__ = [
     "BATCH_KEYS",
     "StepTargets",
     "step_targets",
-    "wrap_train_step",
-    "wrap_training_log",
     "PreflightError",
     "set_options",
     "get_options",
@@ -85,16 +83,29 @@ _OPTIONS: list[ApertusOptions] = []
 
 
 def set_options(options: ApertusOptions) -> None:
-    """Make ``options`` the run's Apertus options (the launcher does this after Megatron parses its arguments)."""
+    """Make ``options`` the run's Apertus options."""
     _OPTIONS[:] = [options]
 
 
-def get_options() -> ApertusOptions:
-    """The run's options; built from Megatron's parsed arguments on first use."""
-    if not _OPTIONS:
-        from megatron.training import get_args
+def get_options(args: Any = None) -> ApertusOptions:
+    """The run's options, built once from Megatron's parsed arguments (``args``, else ``get_args()``).
 
-        set_options(options_from_args(get_args()))
+    The first build prints what the plugin does in this run (rank 0) and refuses ``--mock-data``.
+    With Megatron-LM 0.19 the ``parse_and_validate_args`` override builds them right after parsing;
+    with 0.16 the model provider does, the first plugin code ``pretrain`` runs.
+    """
+    if not _OPTIONS:
+        if args is None:
+            from megatron.training import get_args
+
+            args = get_args()
+        options = options_from_args(args)
+        if getattr(args, "mock_data", False):
+            raise PreflightError("--mock-data is not supported with apertus-megatron (the Apertus targets need real "
+                                 "indexed datasets)")
+        if os.environ.get("RANK", "0") == "0":
+            print(f" [apertus] {describe_options(options)}", flush=True)
+        set_options(options)
     return _OPTIONS[0]
 
 
@@ -226,126 +237,6 @@ _STEP = StepTargets()
 def step_targets() -> StepTargets:
     """The target accounting of this process (see :class:`StepTargets`)."""
     return _STEP
-
-
-def _print_last(message: str) -> None:
-    rank_ok = not torch.distributed.is_initialized() or \
-        torch.distributed.get_rank() == torch.distributed.get_world_size() - 1
-    if rank_ok:
-        print(message, flush=True)
-
-
-def wrap_train_step(original: Any) -> Any:
-    """Wrap Megatron-LM's ``train_step``: a step whose global batch holds no target skips its optimizer step.
-
-    Before the step the target counts are reset; the optimizer's ``step`` (called by ``train_step``
-    after the backward passes, on every rank) first sums the counts over all ranks, and when the
-    step has no target at all it returns ``(False, None, None)``, Megatron's "update not
-    successful" (counted as a skipped iteration: no parameter, optimizer-state or learning-rate
-    update from a zero gradient). ``--apertus-empty-steps error`` raises instead.
-    """
-    from .errors import ApertusRunError
-
-    @functools.wraps(original)
-    def train_step(forward_step_func: Any, data_iterator: Any, model: Any, optimizer: Any, *args: Any,
-                   **kwargs: Any) -> Any:
-        _STEP.reset()
-        if not hasattr(optimizer, "__apertus_step__"):
-            step = optimizer.step
-            size = 1 + len(get_options().spec.modality_names)
-
-            def guarded_step(*a: Any, **k: Any) -> Any:
-                total = _STEP.reduce(size)
-                if total[0] > 0:
-                    return step(*a, **k)
-                _STEP.empty_steps += 1
-                if get_options().empty_steps == "error":
-                    raise ApertusRunError("a training step's global batch holds no loss target (every label masked: "
-                                          "SFT samples without an assistant turn, or modality weights of 0); "
-                                          "--apertus-empty-steps error stops here")
-                return False, None, None
-
-            optimizer.step = guarded_step
-            optimizer.__apertus_step__ = step
-        return original(forward_step_func, data_iterator, model, optimizer, *args, **kwargs)
-
-    train_step.__apertus_original__ = original  # type: ignore[attr-defined]
-    return train_step
-
-
-def wrap_training_log(original: Any) -> Any:
-    """Wrap Megatron-LM's ``training_log`` so that the log is honest about targets.
-
-    * a step without targets (see :func:`wrap_train_step`): a line says so with the running count,
-      and its losses (0/0) are replaced by 0 before Megatron's NaN check (the step is skipped, its
-      losses are not averaged, and it is no "nan iteration");
-    * a modality without targets in a step is dropped from that step's losses, and the interval's
-      average of each modality is taken over the steps that had its targets (Megatron divides by
-      every advanced step); a key with no such step in the interval is left out of the line;
-    * a line is the average of its own interval: Megatron 0.19 logs a run's first iteration as a
-      preview and keeps its accumulators for the interval it starts, also when that iteration is
-      itself an interval's end (``--log-interval 1``, or a resumed run at a multiple of it); then
-      the next line mixed the previous step in, and a step without targets showed the previous
-      step's loss as its own. Such a first line is logged as the regular interval line it is.
-    """
-    signature = inspect.signature(original)
-    interval: dict[str, int] = {}
-
-    @functools.wraps(original)
-    def training_log(loss_dict: dict[str, Any], total_loss_dict: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-        from megatron.training import get_args
-
-        bound = signature.bind(loss_dict, total_loss_dict, *args, **kwargs)
-        iteration = int(bound.arguments.get("iteration", 0))
-        skipped = bool(bound.arguments.get("skipped_iter", 0))
-        first = bool(bound.arguments.get("is_first_iteration", False))
-        if first and iteration % get_args().log_interval == 0:
-            bound.arguments["is_first_iteration"] = False  # the end of an interval: reset after its line
-            first = False
-        names = get_options().spec.modality_names
-        total = _STEP.total or [1] * (1 + len(names))
-        loss_dict = dict(loss_dict)
-        if total[0] == 0:
-            _print_last(f" [apertus] iteration {iteration:8d}: the global batch holds no loss target (every label "
-                        f"masked); the optimizer step is skipped ({_STEP.empty_steps} step(s) without targets so far)")
-            loss_dict = {k: torch.zeros_like(v) for k, v in loss_dict.items()}
-        else:
-            for k, name in enumerate(names):
-                if total[1 + k] == 0:
-                    loss_dict.pop(f"{name} loss", None)
-        if not skipped:
-            for key in loss_dict:
-                interval[key] = interval.get(key, 0) + 1
-        log_now = iteration % get_args().log_interval == 0 or first
-        scaled: dict[str, float] = {}
-        if log_now:
-            advanced = int(total_loss_dict.get("advanced iterations", 0)) + (0 if skipped else 1)
-            for key in [k for k in total_loss_dict if isinstance(total_loss_dict[k], torch.Tensor)]:
-                if key in loss_dict and not skipped:
-                    continue  # Megatron adds this step's value itself
-                if not interval.get(key):
-                    del total_loss_dict[key]
-            for key, n in interval.items():
-                if key in total_loss_dict or (key in loss_dict and not skipped):
-                    scaled[key] = advanced / n
-        for key, f in scaled.items():
-            if key in total_loss_dict:
-                total_loss_dict[key] = total_loss_dict[key] * f
-            if key in loss_dict and not skipped:
-                loss_dict[key] = loss_dict[key] * f
-        bound.arguments["loss_dict"] = loss_dict
-        out = original(*bound.args, **bound.kwargs)
-        if log_now:
-            if first:  # Megatron keeps the accumulators after the first iteration's line: undo the scaling
-                for key, f in scaled.items():
-                    if key in total_loss_dict:
-                        total_loss_dict[key] = total_loss_dict[key] / f
-            else:
-                interval.clear()
-        return out
-
-    training_log.__apertus_original__ = original  # type: ignore[attr-defined]
-    return training_log
 
 
 def _megatron_validate(loss: torch.Tensor) -> None:
@@ -529,8 +420,12 @@ def forward_step(data_iterator: Iterator[dict[str, torch.Tensor]] | None, model:
 
 # ------------------------------------------------------------------------------------------ model
 def embedding_rows(args: Any, options: ApertusOptions) -> int:
-    """Rows of the embedding and output layer: ``--apertus-embedding-rows`` or Megatron's padded vocabulary."""
-    rows = options.embedding_rows or getattr(args, "padded_vocab_size", None)
+    """Rows of the embedding and output layer: Megatron's padded vocabulary size.
+
+    ``--apertus-embedding-rows N`` is Megatron's own ``--padded-vocab-size N`` (the released model:
+    266752 rows); without either, Megatron pads the tokenizer's vocabulary.
+    """
+    rows = getattr(args, "padded_vocab_size", None) or options.embedding_rows
     if rows is None:
         raise PreflightError("the embedding size is unknown: Megatron set no padded_vocab_size; pass "
                              "--apertus-embedding-rows")
@@ -539,7 +434,12 @@ def embedding_rows(args: Any, options: ApertusOptions) -> int:
 
 def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage: int | None = None,
                    config: Any = None, pg_collection: Any = None) -> Any:
-    """Megatron's model provider for Apertus (runs :func:`preflight` first, once)."""
+    """Megatron's model provider for Apertus (runs :func:`preflight` first, once per job).
+
+    ``pretrain``'s model provider with Megatron-LM 0.16; from 0.19 the builder of
+    :class:`~megatron_patches.model_builder.ApertusModelConfig` calls it with the container's
+    transformer config (``config``) and process groups.
+    """
     from megatron.training import get_args
     from megatron.training.arguments import core_transformer_config_from_args
 
@@ -549,7 +449,6 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     options = get_options()
     preflight_from_args(args, options)
     rows = embedding_rows(args, options)
-    args.padded_vocab_size = rows
     if config is None:
         config = core_transformer_config_from_args(args)
     kwargs: dict[str, Any] = {"vp_stage": vp_stage}

@@ -125,12 +125,8 @@ def test_megatron_core_construction() -> None:
     import megatron.core.optimizer as mco
 
     from megatron_patches.arguments import add_apertus_args, options_from_args
-    from megatron_patches.optimizer import (
-        MegatronAdEMAMix,
-        adam_replaced_by_ademamix,
-        ademamix_init_state_fn,
-        check_ademamix_config,
-    )
+    from megatron_patches.optimizer import MegatronAdEMAMix, ademamix_init_state_fn, check_ademamix_config
+    from megatron_patches.overrides import adam_replaced_by_ademamix
 
     opts = options_from_args(add_apertus_args(argparse.ArgumentParser()).parse_args(
         ["--apertus-optimizer", "ademamix", "--apertus-ademamix-alpha", "5", "--apertus-ademamix-beta3-warmup", "7"]))

@@ -19,7 +19,7 @@ import numpy as np
 from megatron.core.datasets.indexed_dataset import IndexedDataset as MegatronIndexedDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_plugins"))
-from install import install_plugin  # noqa: E402
+from install import install_plugin  # noqa: E402  (tests/_plugins: the example plugins and their installer)
 
 #: Run with the plugin installed: write the checkpoint, the videos and the conversations, run the
 #: pipeline through its command line, and write the expected documents (independently encoded).
