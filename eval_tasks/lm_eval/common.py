@@ -10,13 +10,13 @@ import string
 from collections.abc import Sequence
 from typing import Any
 
-from apertus_plugins.posttrain.evaluation import degeneration, extract_choice, strip_thinking
+from apertus_plugins.posttrain.evaluation import degeneration, extract_choice
 
 from .. import require
 
 require("lm_eval")
 
-__all__ = ["mc_prompt", "score_choice", "with_degeneration", "answer_of"]
+__all__ = ["mc_prompt", "score_choice", "with_degeneration"]
 
 MC_INSTRUCTION = ("Answer the following multiple-choice question. Think step by step, then finish with "
                   "\"The answer is (X)\", where X is the letter of the correct option.")
@@ -27,11 +27,6 @@ def mc_prompt(question: str, options: Sequence[str], instruction: str = MC_INSTR
     lines = [instruction, "", question.strip(), ""]
     lines += [f"({string.ascii_uppercase[k]}) {str(o).strip()}" for k, o in enumerate(options)]
     return "\n".join(lines)
-
-
-def answer_of(response: str) -> str:
-    """The visible answer of a response (the thinking span stripped in both forms)."""
-    return strip_thinking(response)
 
 
 def with_degeneration(response: str, metrics: dict[str, Any]) -> dict[str, Any]:

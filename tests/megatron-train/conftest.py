@@ -16,7 +16,6 @@ import json
 import math
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+from apertus_plugins.testing.serve import free_port, kill_group
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -173,12 +174,6 @@ def train_flags(data: Data, *, iters: int, mbs: int = 2, gbs: int = 4) -> list[s
     ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def cpu_env(**extra: str) -> dict[str, str]:
     """The environment of a patched run: the harness's site folder first, this checkout next (a new
     dict each call: a caller may change its copy)."""
@@ -204,7 +199,7 @@ def torchrun(args: Sequence[str], *, nproc: int = 1, plugin: bool = True, cwd: P
     """``torchrun --nproc-per-node N [apertus-megatron] pretrain_gpt.py ARGS``."""
     entry = [str(BIN / "apertus-megatron")] if plugin else []
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
-           "127.0.0.1", "--master-port", str(_free_port()), *entry, str(DRIVER), *args]
+           "127.0.0.1", "--master-port", str(free_port()), *entry, str(DRIVER), *args]
     with tempfile.TemporaryFile("w+", prefix="torchrun-", suffix=".log") as out:
         # the log goes to a file, not a pipe: a killed rank's checkpoint-writer processes outlive it
         # and would hold a pipe open; the run's whole process group is ended afterwards
@@ -258,16 +253,6 @@ def assert_trained(run: Run, iters: int, keys: Sequence[str] = ("lm loss",)) -> 
             continue
         for k in keys:
             assert k in r and math.isfinite(r[k]), f"iteration {r['iteration']}: {k} missing or not finite: {r}"
-
-
-def kill_group(proc: subprocess.Popen[str]) -> None:
-    import signal
-
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=60)
 
 
 # ------------------------------------------------------------------------------------------ shared runs

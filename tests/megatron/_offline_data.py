@@ -13,7 +13,6 @@ import io
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -299,15 +298,6 @@ def start_cli(args: list[str], env: dict[str, str] | None = None) -> subprocess.
     return subprocess.Popen([sys.executable, "-m", "apertus_plugins.cli", "tokenize", *args], text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
                             start_new_session=True)
-
-
-def kill_group(proc: subprocess.Popen[str]) -> None:
-    """SIGKILL the process group of a run started with :func:`start_cli` (the driver and its workers)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=60)
 
 
 @functools.cache

@@ -33,10 +33,11 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from _offline_data import cli, kill_group, outputs, start_cli, workspace
+from _offline_data import cli, outputs, start_cli, workspace
 
 from apertus_plugins.data.indexed import IndexedDataset
 from apertus_plugins.data.offline import RunError, TokenizeConfig, tokenize
+from apertus_plugins.testing.serve import kill_group
 
 FAULT = "APERTUS_TOKENIZE_FAULT"
 #: the NaN clip is found by the encoder (its batch bisected) or, where the core validates samples,

@@ -31,7 +31,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,9 +40,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from _offline_data import SFT_SUFFIXES, cli, kill_group, outputs, records, start_cli, workspace
+from _offline_data import SFT_SUFFIXES, cli, outputs, records, start_cli, workspace
 
 from apertus_plugins.data.offline.sources import shard_files
+from apertus_plugins.testing.serve import free_port, kill_group
 
 FAULT = "APERTUS_TOKENIZE_FAULT"
 #: the test head: Ray's single-machine mode, in which a head started with --node-ip-address 127.0.0.1
@@ -55,12 +55,6 @@ PRETRAIN = ["--window", "6", "--plan-files", "4"]
 SFT = ["--plan-bytes", "2KB"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Head(str):
     """The test head's address, with the pid of its ``ray start`` process."""
 
@@ -70,7 +64,7 @@ class Head(str):
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[Head]:
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    port = _free_port()
+    port = free_port()
     ray = str(Path(sys.executable).parent / "ray")
     saved = {k: os.environ.get(k) for k in SECURE}
     os.environ.update(zip(SECURE, ("0", "token", secrets.token_hex(32)), strict=True))

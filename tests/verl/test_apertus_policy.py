@@ -9,7 +9,6 @@ FSDP wrapping, which needs an accelerator's device mesh, is left out.
 from __future__ import annotations
 
 import re
-import socket
 
 import pytest
 import torch
@@ -17,12 +16,7 @@ from safetensors.torch import load_file
 
 from apertus_plugins.core.tensor_names import ENCODER_PREFIXES
 from apertus_plugins.hf.modeling import Apertus1p5ForCausalLM
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from apertus_plugins.testing.serve import free_port
 
 
 def _model_config(path, **override):
@@ -42,7 +36,7 @@ def verl_module(apertus_checkpoint):
 
     started = not dist.is_initialized()
     if started:  # verl's init context asks for the rank
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         model_config = _model_config(apertus_checkpoint)
         engine = FSDPEngine.__new__(FSDPEngine)  # __init__ builds a CUDA device mesh

@@ -11,7 +11,6 @@ import ast
 import asyncio
 import json
 import os
-import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -31,6 +30,7 @@ from apertus_plugins.posttrain.sandbox import (
     parse_ground_truth,
 )
 from apertus_plugins.posttrain.sandbox.cases import lines_match, tokens_match
+from apertus_plugins.testing.serve import free_port
 from verl_ext.rewards import compute_score
 
 SYSTEM_LINKS = {"bin", "sbin", "lib", "lib32", "lib64", "libx32"}
@@ -366,15 +366,9 @@ def test_sandbox_fusion_backend_through_verls_client(sandbox):
                              code_sandbox={"backend": "sandbox_fusion", "url": url, "limits": {"time_s": 1}})
         assert slow["verdict"]["cases"][0]["verdict"] == "timeout"
         with pytest.raises(SandboxUnavailable, match="cannot run a probe program"):
-            SandboxFusionRunner(f"http://127.0.0.1:{_free_port()}/run_code").run("print(1)")
+            SandboxFusionRunner(f"http://127.0.0.1:{free_port()}/run_code").run("print(1)")
         with pytest.raises(ValueError, match="needs a url"):
             compute_score("apps", ADD, gt, code_sandbox={"backend": "sandbox_fusion"})
     finally:
         server.shutdown()
         server.server_close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

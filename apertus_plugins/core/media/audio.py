@@ -23,7 +23,7 @@ from .limits import MediaLimits, check_audio_header, check_audio_samples
 __all__ = [
     "SAMPLE_RATE", "HOP", "TARGET_PEAK_DBFS", "AudioError", "AudioPolicy", "AUDIO_POLICIES", "RESAMPLERS",
     "RESAMPLED_LENGTHS",
-    "load_audio", "peak_normalize", "mono_24k", "normalize_audio", "preprocess_audio", "resampled_length", "audio_code_count", "audio_only_sequence",
+    "load_audio", "peak_normalize", "mono_24k", "normalize_audio", "preprocess_audio", "resampled_length", "audio_code_count",
     "audio_sequence", "audio_placeholder_sequence", "transcription_sequence", "interleaved_sequences",
 ]
 
@@ -249,14 +249,8 @@ def audio_placeholder_sequence(num_codes: int, spec: VocabSpec) -> np.ndarray:
                       dtype=np.int64)
 
 
-def audio_only_sequence(codes: Any, spec: VocabSpec) -> np.ndarray:
-    """The audio-only training mode (unpaired audio, stage 1): just the audio segment."""
-    return audio_sequence(codes, spec)
-
-
 #: The paired modes: name -> the task marker that follows the audio (SPEC.md 2.2).
 _TASKS = {"transcribe": "stt_transcribe", "translate": "stt_translate", "annotate": "audio_annotate"}
-AUDIO_TASKS = dict(_TASKS)
 
 
 def transcription_sequence(codes: Any, text_ids: Sequence[int], spec: VocabSpec, task: str = "transcribe") -> np.ndarray:
