@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from apertus_plugins import plugins
 from apertus_plugins.core.release import CONTEXT_LENGTH
 from apertus_plugins.testing.checkpoint import INITS, SIZES
 
@@ -43,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         spec = default_spec()
     else:
         spec = VocabSpec.scaled(text_size=args.text_size, image_codes=args.image_codes, audio_codes=args.audio_codes)
+    spec = plugins.spec(spec)  # the installed modalities' omni slots, as the released tokenizer would carry them
     out = write_checkpoint(args.dir, size=args.size, spec=spec, seed=args.seed, dtype=args.dtype,
                            shard_size=args.shard_size, max_position_embeddings=args.max_position_embeddings,
                            overwrite=args.overwrite, init=args.init)

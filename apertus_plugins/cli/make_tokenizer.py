@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from apertus_plugins import plugins
 from apertus_plugins.core.vocab import VocabSpec, default_spec
 from apertus_plugins.testing.tokenizer_builder import build_test_tokenizer
 
@@ -26,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
         spec = default_spec()
     else:
         spec = VocabSpec.scaled(text_size=args.text_size, image_codes=args.image_codes, audio_codes=args.audio_codes)
+    spec = plugins.spec(spec)  # the installed modalities' omni slots, as the released tokenizer would carry them
     out = build_test_tokenizer(args.dir, spec)
     print(f"wrote {out} ({spec.size} entries)")
     return 0

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from apertus_plugins import plugins
 from apertus_plugins.core.media import audio as media_audio
 from apertus_plugins.core.media import image as media_image
 from apertus_plugins.core.release import (
@@ -261,7 +262,7 @@ def write_checkpoint(out_dir: str | Path, *, size: str | TextSize = "tiny", spec
     Args:
         out_dir: the directory to create (must not exist unless ``overwrite``).
         size: a name in :data:`SIZES` or a :class:`TextSize` (the language model).
-        spec: the vocabulary layout (default ``VocabSpec.scaled()``; ``VocabSpec()`` is the
+        spec: the vocabulary layout (default ``VocabSpec.scaled()`` with the installed modalities' slots; ``VocabSpec()`` is the
             released 266,752-row layout). The encoder codebooks take its image and audio sizes.
         seed: all weights are a function of the seed.
         dtype: ``"float32"`` or ``"bfloat16"`` for the language model; the encoders are always float32.
@@ -291,7 +292,7 @@ def write_checkpoint(out_dir: str | Path, *, size: str | TextSize = "tiny", spec
     text_size = SIZES[size] if isinstance(size, str) and size in SIZES else size
     if not isinstance(text_size, TextSize):
         raise ValueError(f"unknown size {size!r}; sizes are {', '.join(SIZES)}")
-    spec = spec or VocabSpec.scaled()
+    spec = spec or plugins.spec(VocabSpec.scaled())
     image_codes, audio_codes = spec.modality("image").size, spec.modality("audio").size
     vision = vision_config or VisionTokenizerConfig.tiny()
     audio = audio_config or AudioTokenizerConfig.tiny()

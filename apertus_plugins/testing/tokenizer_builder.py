@@ -16,6 +16,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+from apertus_plugins import plugins
 from apertus_plugins.core.release import CONTEXT_LENGTH
 from apertus_plugins.core.vocab import ALIASES, CHAT_TOKENS, LEGACY_REWRITES, NON_SPECIAL_CHAT, VocabSpec
 
@@ -92,7 +93,7 @@ def _atomic_write(path: Path, text: str) -> None:
 
 def build_test_tokenizer(out_dir: str | Path, spec: VocabSpec | None = None, n_merges: int | None = None,
                          with_templates: bool = True) -> Path:
-    """Write a tokenizer directory with ``spec``'s layout (default: a scaled-down spec).
+    """Write a tokenizer directory with ``spec``'s layout (default: a scaled-down spec with the installed modalities' omni slots).
 
     Writes ``tokenizer.json``, ``tokenizer_config.json`` (with ``omnimodal_config``, the SFT
     boundaries and the processor's media tokens), ``special_tokens_map.json`` and, unless
@@ -102,7 +103,7 @@ def build_test_tokenizer(out_dir: str | Path, spec: VocabSpec | None = None, n_m
     from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
     from tokenizers.models import BPE
 
-    spec = spec or VocabSpec.scaled()
+    spec = spec or plugins.spec(VocabSpec.scaled())
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 

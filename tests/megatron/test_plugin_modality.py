@@ -50,7 +50,8 @@ records = [conv("a.npy"), conv("a.npy", "b.npy", text="Compare <|video|> them.")
 run = subprocess.run([sys.executable, "-m", "apertus_plugins.cli", "tokenize", "sft", str(data / "conv.jsonl"),
                       "--out", str(root / "out" / "sft"), "--tokenizer", str(ckpt), "--checkpoint", str(ckpt),
                       "--mask-stream", "--workers", "0", "--no-progress"], capture_output=True, text=True)
-chat = ChatTokenizer(ckpt)
+from apertus_plugins import plugins
+chat = ChatTokenizer(ckpt, spec=plugins.spec_from_tokenizer_dir(ckpt))  # the installed modalities, merged on top
 spec = chat.spec
 vision = load_vision_tokenizer(ckpt)
 def sequence(name):
