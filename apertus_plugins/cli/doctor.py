@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from apertus_plugins.infra.release_ids import MODEL_8B
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -12,7 +14,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Run the release compatibility checks on CHECKPOINT and print one line of evidence per "
                     "check. Exits 1 when a check fails (with --strict also on a warning), 2 on bad input.")
     p.add_argument("checkpoint", metavar="CHECKPOINT",
-                   help="the checkpoint directory, or a Hub id ORG/NAME[@REVISION] (read from the Hugging Face cache)")
+                   help=f"the checkpoint directory, or a Hub id ORG/NAME[@REVISION] such as {MODEL_8B} (read from "
+                        "the Hugging Face cache)")
     p.add_argument("--serve", metavar="URL", help="a server of CHECKPOINT (http://host:port): adds the serve checks")
     p.add_argument("--model", help="the served model name (default: the server's first)")
     p.add_argument("--compare", metavar="OTHER_CHECKPOINT",
