@@ -91,6 +91,31 @@ def test_released_defaults():
     assert (cfg.image_token_offset, cfg.audio_token_offset) == (131272, 262344)
 
 
+def test_the_config_answers_to_the_placeholder_names_vllm_reads_for_multimodal_drafts(tmp_path):
+    """vLLM's speculative decoding reads ``target_model.config.image_token_index`` (and writes it into the draft's)."""
+    import inspect
+    import json
+
+    from transformers import AutoConfig
+    from vllm.v1.spec_decode import llm_base_proposer
+
+    read = set(re.findall(r"target_model\.config\.(\w+_token_index)\b", inspect.getsource(llm_base_proposer)))
+    assert "image_token_index" in read, read
+    configs.register()
+    cfg = configs.Apertus1p5Config()
+    for name in read | {"audio_token_index"}:
+        assert getattr(cfg, name) == getattr(cfg, name.replace("_index", "_id")), name
+    cfg.image_token_index = 131080  # as the proposer sets a draft's: one field holds it
+    assert cfg.image_token_id == 131080
+    cfg.image_token_id = 131079
+    cfg.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["image_token_id"] == 131079 and "image_token_index" not in saved  # the port's config.json
+    back = AutoConfig.from_pretrained(tmp_path)
+    assert (back.image_token_index, back.audio_token_index) == (131079, 131085)
+    assert configs.Apertus1p5Config(audio_token_index=131086).audio_token_id == 131086
+
+
 def test_inconsistent_offsets_are_refused():
     with pytest.raises(ValueError, match="image code block must end where the audio block begins"):
         configs.Apertus1p5Config(image_token_offset=131272, audio_token_offset=262000)
