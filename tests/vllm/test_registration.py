@@ -82,6 +82,18 @@ def test_the_parsers_answer_to_apertus_and_apertus_plugins(parser_registries):
         assert reasoning.get_reasoning_parser(name).__module__ == "vllm_model.parsers", name
         assert tools.get_tool_parser(name).__module__ == "vllm_model.parsers", name
     assert vllm_model.VLLM_REASONING_PARSER not in reasoning.list_registered()  # vLLM 0.32 ships no `apertus`
+    # what `vllm serve` checks the flags against before it starts
+    from types import SimpleNamespace
+
+    from vllm.entrypoints.launchers.launcher import validate_api_server_args
+
+    for name in (vllm_model.PARSER, vllm_model.PARSER_ALIAS):
+        validate_api_server_args(SimpleNamespace(enable_auto_tool_choice=True, tool_call_parser=name,
+                                                 structured_outputs_config=SimpleNamespace(reasoning_parser=name)))
+    with pytest.raises(KeyError, match="invalid reasoning parser: apertus_bogus"):
+        validate_api_server_args(SimpleNamespace(enable_auto_tool_choice=False, tool_call_parser=None,
+                                                 structured_outputs_config=SimpleNamespace(
+                                                     reasoning_parser="apertus_bogus")))
 
 
 def test_vllms_own_apertus_reasoning_parser_is_kept_under_another_name_and_the_choice_logged(parser_registries):
