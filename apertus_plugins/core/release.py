@@ -7,7 +7,8 @@
   the end of a tool call, beside the sequence terminator ``</s>`` (the tokenizer's ``eos_token``).
 
 The serving image layout is the image modality's first registered layout
-(:func:`apertus_plugins.plugins.serving_layout`); the id layout is :class:`apertus_plugins.core.vocab.VocabSpec`.
+(:func:`apertus_plugins.plugins.serving_layout`); the id layout is :class:`apertus_plugins.core.vocab.VocabSpec`;
+the released Hub ids are in :mod:`apertus_plugins.infra.release_ids` (beside the Hub lookups that alias them).
 """
 
 from __future__ import annotations

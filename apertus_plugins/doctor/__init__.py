@@ -9,6 +9,8 @@ Every check prints pass, warn or fail with one line of evidence::
   tokenizer, the config's ids and offsets and the embedding;
 - ``template``: the checkpoint's chat template against the package's rendering vectors, one BOS
   after templating and tokenizing, the training variant's empty system block, the injection guard;
+- ``checksums`` (``--checksums MANIFEST``): the tokenizer and template files against a checksum manifest
+  of the tokenizer repository (``validation/Apertus_1p5.md5``), naming each file that differs;
 - ``config``: ``output_vocab_size`` and the LM head, RoPE scaling, the generation stops;
 - ``layout``: the image layout of the training data (``--dataset``) against the serving one;
 - ``compare`` (``--compare``): tokenizer files, chat templates and RoPE scaling of two stages;

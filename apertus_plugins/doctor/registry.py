@@ -19,8 +19,9 @@ from .checkpoint_files import CheckpointFiles
 
 __all__ = ["GROUPS", "Check", "CHECKS", "Context", "check", "reference_spec", "short"]
 
-#: Groups in run order; ``compare`` runs with ``--compare``, ``serve`` with ``--serve``.
-GROUPS = ("tokenizer", "template", "config", "serve", "layout", "compare")
+#: Groups in run order; ``checksums`` runs with ``--checksums``, ``compare`` with ``--compare``, ``serve`` with
+#: ``--serve``.
+GROUPS = ("tokenizer", "template", "checksums", "config", "serve", "layout", "compare")
 
 Outcome = tuple[str, str] | tuple[str, str, dict[str, Any]]
 
@@ -103,6 +104,8 @@ class Context:
     datasets: Sequence[str | Path] = ()
     probe_prompts: Sequence[dict[str, Any]] | None = None
     probe_tokens: int = 256
+    checksums: Sequence[tuple[str, str]] | None = None  # (file name, md5) of a checksum manifest
+    checksums_name: str = ""  # the manifest's file name, for evidence lines
 
     def __post_init__(self) -> None:
         self.cache: dict[str, Any] = {}

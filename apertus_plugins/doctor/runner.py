@@ -9,8 +9,17 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import checks_compare, checks_config, checks_layout, checks_serve, checks_template, checks_tokenizer  # noqa: F401
+from . import (  # noqa: F401 - each module registers its checks
+    checks_checksums,
+    checks_compare,
+    checks_config,
+    checks_layout,
+    checks_serve,
+    checks_template,
+    checks_tokenizer,
+)
 from .checkpoint_files import CheckpointFiles, DoctorError
+from .checks_checksums import load_checksum_manifest
 from .registry import CHECKS, GROUPS, Check, Context
 from .report import FAIL, Report, Result
 from .serve_client import ServeClient, ServeError
@@ -18,8 +27,9 @@ from .serve_client import ServeClient, ServeError
 __all__ = ["run_doctor", "select_checks", "load_probe_prompts"]
 
 
-def select_checks(only: Iterable[str] | None = None, compare: bool = False, serve: bool = False) -> list[Check]:
-    """The checks of one run, in run order: every offline group, ``compare`` and ``serve`` when given.
+def select_checks(only: Iterable[str] | None = None, compare: bool = False, serve: bool = False,
+                  checksums: bool = False) -> list[Check]:
+    """The checks of one run, in run order: every offline group, ``checksums``, ``compare`` and ``serve`` when given.
 
     ``only`` keeps the named groups or check ids (``"tokenizer"``, ``"config.rope"``); an unknown
     name raises :class:`DoctorError`.
@@ -34,7 +44,8 @@ def select_checks(only: Iterable[str] | None = None, compare: bool = False, serv
                               f"checks {', '.join(c.id for c in CHECKS)}")
     out = []
     for group in GROUPS:
-        if (group == "compare" and not compare) or (group == "serve" and not serve):
+        if (group == "compare" and not compare) or (group == "serve" and not serve) or (
+                group == "checksums" and not checksums):
             continue
         for c in CHECKS:
             if c.group == group and (wanted is None or c.id in wanted or c.group in wanted):
@@ -68,7 +79,7 @@ def run_doctor(checkpoint: str | os.PathLike[str], *, serve: str | None = None, 
                compare: str | os.PathLike[str] | None = None, datasets: Sequence[str | os.PathLike[str]] = (),
                only: Iterable[str] | None = None, probe_prompts: Sequence[dict[str, Any]] | None = None,
                probe_tokens: int = 256, timeout: float = 300.0, progress: Any = None,
-               api_key: str | None = None) -> Report:
+               api_key: str | None = None, checksums: str | os.PathLike[str] | None = None) -> Report:
     """Run the doctor on ``checkpoint`` and return the report.
 
     Args:
@@ -84,18 +95,23 @@ def run_doctor(checkpoint: str | os.PathLike[str], *, serve: str | None = None, 
         timeout: seconds per server request.
         progress: called with each :class:`Result` as it is ready.
         api_key: the server's API key (default ``$OPENAI_API_KEY``; see :mod:`apertus_plugins.infra.client`).
+        checksums: a checksum manifest in the tokenizer repository's format (``validation/Apertus_1p5.md5``,
+            ``md5sum``'s lines); adds the ``checksums`` check of the files it names.
 
     Raises:
         DoctorError: a checkpoint that is not a directory, an unreachable server, an unknown check.
     """
-    checks = select_checks(only, compare=compare is not None, serve=serve is not None)
+    checks = select_checks(only, compare=compare is not None, serve=serve is not None,
+                           checksums=checksums is not None)
+    manifest = load_checksum_manifest(checksums) if checksums is not None else None
     ckpt = CheckpointFiles(checkpoint)
     other = CheckpointFiles(compare) if compare is not None else None
     if probe_tokens <= 0:
         raise DoctorError(f"probe_tokens must be positive, got {probe_tokens}")
     server = ServeClient(serve, model=model, timeout=timeout, api_key=api_key) if serve is not None else None
     ctx = Context(ckpt, other=other, server=server, datasets=list(datasets), probe_prompts=probe_prompts,
-                  probe_tokens=probe_tokens)
+                  probe_tokens=probe_tokens, checksums=manifest,
+                  checksums_name=Path(checksums).name if checksums is not None else "")
     results = []
     for c in checks:
         t0 = time.perf_counter()

@@ -123,6 +123,10 @@ class Apertus1p5Config(PretrainedConfig):
     """Apertus 1.5: the text decoder plus the vision and audio tokenizers whose codes it reads."""
 
     model_type = "apertus1p5"
+    #: The names other multimodal configs give the placeholder ids, which vLLM reads from a target model's
+    #: config for multimodal speculative decoding (``target_model.config.image_token_index``) and writes into
+    #: a draft's: read and written through ``image_token_id`` / ``audio_token_id``, never saved twice.
+    attribute_map = {"image_token_index": "image_token_id", "audio_token_index": "audio_token_id"}
     sub_configs = {
         "text_config": Apertus1p5TextConfig,
         "vision_config": Apertus1p5VisionTokenizerConfig,

@@ -19,6 +19,11 @@ offline) is an error naming the id and the files, never a silently partial check
 :func:`add_to_cache` writes a local checkpoint directory into a Hub cache exactly as
 ``huggingface_hub`` lays one out (``models--ORG--NAME/{blobs,refs,snapshots}``), for an air-gapped
 node that receives a copied checkpoint: afterwards every tool finds it by its id offline.
+
+The released models have two spellings (:mod:`apertus_plugins.infra.release_ids`: under the publishing
+organisation and under the one deployments name): an id
+of one that is not in the cache resolves to the other's cached snapshot when that one is complete for
+what the caller needs, so a checkpoint fetched under one spelling is not downloaded again under the other.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+
+from .release_ids import other_spellings
 
 __all__ = [
     "METADATA_PATTERNS",
@@ -129,7 +136,31 @@ def _where(repo: str, revision: str | None) -> str:
     return f"{repo}@{revision}" if revision else repo
 
 
+def _cached(repo: str, revision: str | None, allow: list[str] | None) -> Path | None:
+    """The cached snapshot of ``repo@revision`` holding what ``allow`` needs, or None (never the network)."""
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError:
+        return None
+    try:
+        folder = Path(snapshot_download(repo, revision=revision, allow_patterns=allow, cache_dir=str(cache_dir()),
+                                        local_files_only=True))
+    except (LocalEntryNotFoundError, OSError, ValueError):
+        return None
+    try:
+        return None if _missing(folder, allow) else folder
+    except HubError:
+        return None
+
+
 def _snapshot(repo: str, revision: str | None, allow: list[str] | None, what: str, ref: object) -> Path:
+    aliases = other_spellings(repo)
+    if aliases and _cached(repo, revision, allow) is None:
+        for alias in aliases:  # the same release, fetched under its other spelling: no second download
+            folder = _cached(alias, revision, allow)
+            if folder is not None:
+                return folder
     try:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
@@ -145,7 +176,7 @@ def _snapshot(repo: str, revision: str | None, allow: list[str] | None, what: st
         if offline:
             raise HubError(f"{what} {os.fspath(ref)!r}: not a local directory, and the Hub model "
                            f"{_where(repo, revision)} is not in the Hugging Face cache {cache} (HF_HUB_OFFLINE is "
-                           f"set: only the cache is read; fetch it once online, e.g. hf download {repo})") from exc
+                           f"set: only the cache is read{_also(aliases)}; fetch it once online, e.g. hf download {repo})") from exc
         raise HubError(f"{what} {os.fspath(ref)!r}: the Hub model {_where(repo, revision)} could not be fetched "
                        f"and is not in the Hugging Face cache {cache} ({exc})") from exc
     except (HfHubHTTPError, OSError, ValueError) as exc:
@@ -157,6 +188,10 @@ def _snapshot(repo: str, revision: str | None, allow: list[str] | None, what: st
         raise HubError(f"{what} {os.fspath(ref)!r}: the snapshot {folder} of {_where(repo, revision)} lacks "
                        f"{shown} (a partial download{'; HF_HUB_OFFLINE is set' if offline else ''})")
     return folder
+
+
+def _also(aliases: tuple[str, ...]) -> str:
+    return f", and {' nor '.join(aliases)} (its other spelling) is not there whole either" if aliases else ""
 
 
 def _weight_files(folder: Path) -> list[str] | None:

@@ -6,6 +6,7 @@ and the ``--serve`` checks run in the vllm suite (``tests/vllm/test_doctor_*.py`
 from __future__ import annotations
 
 import json
+import re
 import struct
 import subprocess
 import sys
@@ -33,7 +34,7 @@ from apertus_plugins.testing.checkpoint import SIZES, text_config_dict
 from apertus_plugins.testing.tokenizer_builder import build_test_tokenizer
 
 TOKENIZER_CHECKS = {c.id for c in CHECKS if c.group in ("tokenizer", "template")}
-OFFLINE = {c.id for c in CHECKS if c.group not in ("compare", "serve")}
+OFFLINE = {c.id for c in CHECKS if c.group not in ("compare", "serve", "checksums")}
 DOCTOR = [sys.executable, "-m", "apertus_plugins.cli", "doctor"]
 
 
@@ -174,6 +175,66 @@ def test_the_layout_of_a_dataset_against_the_serving_default(tokenizer_dir, tmp_
 
 
 # ---------------------------------------------------------------------------------------------- runner and report
+
+def _manifest(path: Path, directory: Path, names: list[str]) -> Path:
+    """A manifest written as the tokenizer repository's validation/gen_checksums.sh writes one: md5sum's lines."""
+    import hashlib
+
+    lines = [f"{hashlib.md5((directory / n).read_bytes()).hexdigest()}  {n}\n" for n in names]  # noqa: S324
+    path.write_text("".join(lines))
+    return path
+
+
+def test_the_tokenizer_and_template_files_against_a_checksum_manifest(tokenizer_dir, tmp_path):
+    import shutil
+
+    names = sorted(p.name for p in tokenizer_dir.iterdir() if p.suffix in (".json", ".jinja"))
+    assert {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"} <= set(names), names
+    manifest = _manifest(tmp_path / "Apertus_1p5.md5", tokenizer_dir, names)
+    report = run_doctor(tokenizer_dir, only=["checksums"], checksums=manifest)
+    result = report.by_id()["checksums.files"]
+    assert result.status == PASS and result.evidence.startswith(f"{len(names)} files match Apertus_1p5.md5"), result
+    assert "checksums.files" not in {r.id for r in run_doctor(tokenizer_dir, only=["checksums"]).results}
+
+    # one template byte changed, one file gone: both named, the rest counted
+    copy = tmp_path / "ckpt"
+    shutil.copytree(tokenizer_dir, copy)
+    (copy / "chat_template.jinja").write_text((copy / "chat_template.jinja").read_text() + " ")
+    (copy / "tokenizer_config.json").unlink()
+    result = run_doctor(copy, only=["checksums"], checksums=manifest).by_id()["checksums.files"]
+    assert result.status == FAIL, result
+    assert result.evidence.startswith("chat_template.jinja differs (md5 "), result.evidence
+    assert "Apertus_1p5.md5 has " in result.evidence and "tokenizer_config.json is missing" in result.evidence
+    assert result.evidence.endswith(f"; {len(names) - 2} of {len(names)} files match")
+    assert [d["file"] for d in result.details["differ"]] == ["chat_template.jinja"]
+
+    # md5sum's binary marker and upper-case digits are the same format; the command line takes --checksums
+    binary = [f"{line[:32].upper()} *{line[34:]}" for line in manifest.read_text().splitlines()]
+    (tmp_path / "binary.md5").write_text("\r\n".join(binary) + "\r\n")
+    out = subprocess.run(DOCTOR + [str(tokenizer_dir), "--only", "checksums", "--checksums", str(tmp_path / "binary.md5")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "PASS    checksums.files" in out.stdout, out.stdout + out.stderr
+    out = subprocess.run(DOCTOR + [str(copy), "--only", "checksums", "--checksums", str(manifest)],
+                         capture_output=True, text=True)
+    assert out.returncode == 1 and "chat_template.jinja differs" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("", "an empty checksum manifest"),
+    ("not a checksum line\n", "line 1 is not '<md5>  <file name>'"),
+    ("0123456789abcdef0123456789abcdef  ../outside.json\n", "not a file inside the checkpoint directory"),
+    ("0123456789abcdef0123456789abcdef  /etc/passwd\n", "not a file inside the checkpoint directory"),
+    ("0123456789abcdef0123456789abcdef  a.json\n\n0123456789abcdef0123456789abcdef  a.json\n",
+     "line 3 names 'a.json' a second time"),
+])
+def test_a_bad_checksum_manifest_is_an_error_naming_it(tokenizer_dir, tmp_path, text, words):
+    manifest = tmp_path / "bad.md5"
+    manifest.write_text(text)
+    with pytest.raises(DoctorError, match=re.escape(words)):
+        run_doctor(tokenizer_dir, checksums=manifest)
+    with pytest.raises(DoctorError, match="no such checksum manifest"):
+        run_doctor(tokenizer_dir, checksums=tmp_path / "none.md5")
+
 
 def test_check_selection():
     order = [GROUPS.index(c.group) for c in select_checks()]

@@ -160,3 +160,42 @@ def test_doctor_vocab_and_inspect_take_a_hub_id(checkpoint: Path, cache: Path, t
     write_indexed_dataset(tmp_path / "ds", [[spec.id("assistant_start"), 100, spec.id("assistant_end")]])
     assert main(["inspect", str(tmp_path / "ds"), "--tokenizer", REPO]) == 0
     assert "<|assistant_end|>" in capsys.readouterr().out
+
+
+def test_a_release_cached_under_one_spelling_is_found_under_the_other(checkpoint: Path, cache: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from apertus_plugins.infra.release_ids import MODEL_8B, MODEL_70B, TOKENIZER_REPO, canonical, other_spellings
+
+    assert MODEL_8B == "apertus-ai/Apertus-v1.5-8B" and MODEL_70B == "apertus-ai/Apertus-v1.5-70B"
+    assert other_spellings(MODEL_8B) == ("swiss-ai/Apertus-v1.5-8B",)
+    assert other_spellings("swiss-ai/Apertus-v1.5-70B") == (MODEL_70B,)
+    assert canonical("Swiss-AI/Apertus-v1.5-8B") == MODEL_8B and canonical(REPO) == REPO
+    assert other_spellings(TOKENIZER_REPO) == () and other_spellings("swiss-ai/Apertus-8B-2509") == ()
+
+    # fetched under the deployments' spelling, found under the release id (and with a revision) offline
+    snap = add_to_cache(checkpoint, "swiss-ai/Apertus-v1.5-8B", cache=cache)
+    assert local_path(MODEL_8B) == snap
+    assert local_path(f"{MODEL_8B}@main", weights=False) == snap
+    assert local_path(MODEL_8B, weights=("model.vision_tokenizer.",)) == snap
+    assert not (cache / ("models--" + MODEL_8B.replace("/", "--"))).exists()  # nothing written a second time
+    assert main(["doctor", MODEL_8B, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["checkpoint"] == str(snap)
+    # and the other way round
+    snap70 = add_to_cache(checkpoint, MODEL_70B, cache=cache, files=["config.json", "tokenizer.json",
+                                                                             "model.safetensors.index.json"])
+    assert local_path("swiss-ai/Apertus-v1.5-70B", weights=False) == snap70
+    # a snapshot only in part under the other spelling is not used for what it lacks: the error names both
+    with pytest.raises(HubError, match=r"'swiss-ai/Apertus-v1\.5-70B': not a local directory, and the Hub model "
+                                       r"swiss-ai/Apertus-v1\.5-70B is not in the Hugging Face cache .*"
+                                       r"apertus-ai/Apertus-v1\.5-70B \(its other spelling\) is not there whole"):
+        local_path("swiss-ai/Apertus-v1.5-70B")
+    # each spelling cached on its own: each resolves to its own snapshot
+    other = checkpoint.parent / "other"
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    own = add_to_cache(other, MODEL_8B, cache=cache)
+    assert local_path(MODEL_8B, weights=False) == own != snap
+    assert local_path("swiss-ai/Apertus-v1.5-8B", weights=False) == snap
+    # an id outside the release is never looked up under another organisation
+    with pytest.raises(HubError, match=r"apertus-test/Apertus-v1\.5-8B is not in the Hugging Face cache"):
+        local_path("apertus-test/Apertus-v1.5-8B")

@@ -152,3 +152,24 @@ def test_task_markers_have_one_home():
             continue
         text = path.read_text(encoding="utf-8")
         assert '("stt_transcribe", "stt_continue", "tts_continue")' not in text, path
+
+
+def test_the_released_hub_ids_are_spelled_in_release_ids_only():
+    """The release's Hub ids live in ``infra/release_ids.py``; users read the publishing organisation's spelling."""
+    from apertus_plugins.infra.release_ids import ALIAS_ORG, MODEL_8B
+
+    found = []
+    for path in _sources():
+        rel = path.relative_to(ROOT)
+        if rel.as_posix() == "apertus_plugins/infra/release_ids.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and "apertus-v1.5" in node.value.lower():
+                found.append(f"{rel}:{node.lineno}")
+    assert found == [], found
+    user_facing = [ROOT / "README.md", ROOT / "Dockerfile", *sorted((ROOT / "docs").glob("*.md"))]
+    assert any(MODEL_8B in p.read_text(encoding="utf-8") for p in user_facing[:2])
+    for path in user_facing:
+        if path.name in ("getting-started.md", "changelog.md"):  # the day-one table names both spellings
+            continue
+        assert f"{ALIAS_ORG}/Apertus-v1.5" not in path.read_text(encoding="utf-8"), path

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from importlib.metadata import entry_points
 
@@ -43,6 +44,114 @@ def test_register_is_idempotent_and_registers_the_architecture():
     vllm_model.register()
     assert vllm_model.ARCHITECTURE in ModelRegistry.get_supported_archs()
     assert configs.register() == []  # already there
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture()
+def parser_registries():
+    """The reasoning and tool parser registries as they are, restored after the test (and a fresh register())."""
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+
+    saved = [(m, dict(m.lazy_parsers), dict(loaded)) for m, loaded in
+             ((ReasoningParserManager, ReasoningParserManager.reasoning_parsers),
+              (ToolParserManager, ToolParserManager.tool_parsers))]
+    yield ReasoningParserManager, ToolParserManager
+    for manager, lazy, loaded in saved:
+        manager.lazy_parsers.clear()
+        manager.lazy_parsers.update(lazy)
+        cache = manager.reasoning_parsers if hasattr(manager, "reasoning_parsers") else manager.tool_parsers
+        cache.clear()
+        cache.update(loaded)
+    vllm_model._registered, vllm_model._parser_note = False, None
+    vllm_model.register()
+
+
+def test_the_parsers_answer_to_apertus_and_apertus_plugins(parser_registries):
+    reasoning, tools = parser_registries
+    vllm_model.register()
+    for name in (vllm_model.PARSER, vllm_model.PARSER_ALIAS):
+        assert reasoning.get_reasoning_parser(name).__module__ == "vllm_model.parsers", name
+        assert tools.get_tool_parser(name).__module__ == "vllm_model.parsers", name
+    assert vllm_model.VLLM_REASONING_PARSER not in reasoning.list_registered()  # vLLM 0.32 ships no `apertus`
+    # what `vllm serve` checks the flags against before it starts
+    from types import SimpleNamespace
+
+    from vllm.entrypoints.launchers.launcher import validate_api_server_args
+
+    for name in (vllm_model.PARSER, vllm_model.PARSER_ALIAS):
+        validate_api_server_args(SimpleNamespace(enable_auto_tool_choice=True, tool_call_parser=name,
+                                                 structured_outputs_config=SimpleNamespace(reasoning_parser=name)))
+    with pytest.raises(KeyError, match="invalid reasoning parser: apertus_bogus"):
+        validate_api_server_args(SimpleNamespace(enable_auto_tool_choice=False, tool_call_parser=None,
+                                                 structured_outputs_config=SimpleNamespace(
+                                                     reasoning_parser="apertus_bogus")))
+
+
+def test_vllms_own_apertus_reasoning_parser_is_kept_under_another_name_and_the_choice_logged(parser_registries):
+    reasoning, _ = parser_registries
+    # an installed vLLM (its open Apertus 1.5 pull request) that registers its own `apertus`
+    reasoning.register_lazy_module("apertus", "vllm.reasoning.deepseek_r1_reasoning_parser", "DeepSeekR1ReasoningParser")
+    reasoning.reasoning_parsers.pop("apertus", None)
+    vllm_model._registered = False
+    vllm_model.register()
+    assert reasoning.get_reasoning_parser("apertus").__module__ == "vllm_model.parsers"
+    assert reasoning.get_reasoning_parser("apertus_plugins") is reasoning.get_reasoning_parser("apertus")
+    assert reasoning.get_reasoning_parser("apertus_vllm").__name__ == "DeepSeekR1ReasoningParser"
+    note = ("apertus: vLLM already registers a reasoning parser 'apertus' (vllm.reasoning.deepseek_r1_reasoning_parser:"
+            "DeepSeekR1ReasoningParser); --reasoning-parser apertus and apertus_plugins select the plugin's (Apertus "
+            "1.5), vLLM's is kept as 'apertus_vllm'")
+    assert vllm_model.parser_note() == note
+
+    # vLLM loads plugins before it configures its logging: the config hook, which runs after, says it at info
+    from vllm_model import config_hook
+
+    class ModelConfig:
+        tokenizer_mode = "auto"
+        generation_config = "vllm"
+
+    seen, root = _Collect(), logging.getLogger("vllm")
+    level = root.level
+    root.addHandler(seen)  # vLLM's own logger, at the level `vllm serve` gives it: what it prints
+    root.setLevel(logging.INFO)
+    try:
+        config_hook.Apertus1p5ConfigHook.verify_and_update_model_config(ModelConfig())
+    finally:
+        root.removeHandler(seen)
+        root.setLevel(level)
+    assert note in [r.getMessage() for r in seen.records if r.levelno == logging.INFO], seen.records
+
+
+def test_the_plugins_and_the_cores_messages_go_to_vllms_logger_at_its_level():
+    vllm_model.register()
+    root = logging.getLogger("vllm")
+    seen, level = _Collect(), root.level
+    root.addHandler(seen)
+    try:
+        for name in ("apertus_plugins.core.somewhere", "vllm.apertus_plugins.renderer"):
+            root.setLevel(logging.INFO)
+            logging.getLogger(name).info("shown at info")
+            root.setLevel(logging.WARNING)
+            logging.getLogger(name).info("hidden at warning")
+            logging.getLogger(name).warning("shown at warning")
+    finally:
+        root.removeHandler(seen)
+        root.setLevel(level)
+    assert [(r.name, r.getMessage()) for r in seen.records] == [
+        ("apertus_plugins.core.somewhere", "shown at info"), ("apertus_plugins.core.somewhere", "shown at warning"),
+        ("vllm.apertus_plugins.renderer", "shown at info"), ("vllm.apertus_plugins.renderer", "shown at warning")]
+    from vllm_model import config_hook, generation, renderer
+
+    assert {m.logger.name for m in (config_hook, generation, renderer)} == {
+        "vllm.apertus_plugins.config_hook", "vllm.apertus_plugins.generation", "vllm.apertus_plugins.renderer"}
 
 
 def test_config_round_trip_through_autoconfig(tmp_path):
@@ -89,6 +198,31 @@ def test_released_defaults():
     cfg = configs.Apertus1p5Config()
     assert (cfg.text_config.vocab_size, cfg.image_token_id, cfg.audio_token_id) == (266752, 131079, 131085)
     assert (cfg.image_token_offset, cfg.audio_token_offset) == (131272, 262344)
+
+
+def test_the_config_answers_to_the_placeholder_names_vllm_reads_for_multimodal_drafts(tmp_path):
+    """vLLM's speculative decoding reads ``target_model.config.image_token_index`` (and writes it into the draft's)."""
+    import inspect
+    import json
+
+    from transformers import AutoConfig
+    from vllm.v1.spec_decode import llm_base_proposer
+
+    read = set(re.findall(r"target_model\.config\.(\w+_token_index)\b", inspect.getsource(llm_base_proposer)))
+    assert "image_token_index" in read, read
+    configs.register()
+    cfg = configs.Apertus1p5Config()
+    for name in read | {"audio_token_index"}:
+        assert getattr(cfg, name) == getattr(cfg, name.replace("_index", "_id")), name
+    cfg.image_token_index = 131080  # as the proposer sets a draft's: one field holds it
+    assert cfg.image_token_id == 131080
+    cfg.image_token_id = 131079
+    cfg.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["image_token_id"] == 131079 and "image_token_index" not in saved  # the port's config.json
+    back = AutoConfig.from_pretrained(tmp_path)
+    assert (back.image_token_index, back.audio_token_index) == (131079, 131085)
+    assert configs.Apertus1p5Config(audio_token_index=131086).audio_token_id == 131086
 
 
 def test_inconsistent_offsets_are_refused():

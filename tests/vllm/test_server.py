@@ -10,6 +10,7 @@ import base64
 import concurrent.futures as cf
 import http.server
 import json
+import re
 import threading
 
 import pytest
@@ -64,6 +65,15 @@ def expected(core, messages, media=None, **kw):
 
 def read_codes(codes_log):
     return [json.loads(line) for line in codes_log.read_text().splitlines()] if codes_log.exists() else []
+
+
+def test_the_plugins_messages_are_in_the_servers_output_in_vllms_format(server):
+    """The adapter logs under vLLM's `vllm` logger: its info lines show at vLLM's default level, formatted by vLLM."""
+    log = server.log_path.read_text(errors="replace")
+    line = r"\(APIServer pid=\d+\) INFO \d\d-\d\d \d\d:\d\d:\d\d \[{file}:\d+\] {message}"
+    assert re.search(line.format(file=r"config_hook\.py", message=re.escape(
+        "apertus: chat requests rendered by the core (tokenizer mode 'apertus', injection-safe)")), log), \
+        server.log_tail()
 
 
 def test_text_prompt_is_the_core_encoding_with_one_bos(server, core):
