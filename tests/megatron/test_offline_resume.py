@@ -21,7 +21,6 @@ from pathlib import Path
 from _offline_data import (
     SFT_SUFFIXES,
     cli,
-    kill_group,
     outputs,
     planned_batches,
     records,
@@ -29,6 +28,8 @@ from _offline_data import (
     start_cli,
     workspace,
 )
+
+from apertus_plugins.testing.serve import kill_group
 
 FAULT = "APERTUS_TOKENIZE_FAULT"
 _records = records
