@@ -180,3 +180,15 @@ def test_processes_writing_same_and_different_keys_at_once(tmp_path):
         assert payload.startswith(key.encode())
     assert store.corrupt == 0
     assert store.size() <= max_bytes + 4 * 8 * 2000  # each process may overshoot by what it wrote since its scan
+
+
+def test_an_unusable_directory_is_named_at_start_and_a_failed_write_is_skipped(tmp_path, caplog):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="cannot use .*file/codes"):
+        MediaCodeCache.resolve(str(tmp_path / "file" / "codes"))
+    cache = MediaCodeCache(tmp_path / "c")
+    (cache.store.root / "ab").write_text("in the way")  # the entry's folder cannot be made
+    enc = Counting()
+    assert cache.store.put("ab" + "0" * 30, b"x") is False and cache.store.put("ab" + "1" * 30, b"y") is False
+    assert caplog.text.count("cannot write") == 1  # logged once
+    assert _cached(cache, enc, [_pixels()])[0].shape == (3,)  # encoding goes on without the store
