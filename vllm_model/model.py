@@ -18,16 +18,25 @@ by exact shape (:func:`~apertus_plugins.encoders.group_by_shape`; never padded).
 Debugging: with ``APERTUS_VLLM_CODES_LOG=FILE`` in the server's environment, every item that
 :meth:`embed_multimodal` embeds appends one JSON line ``{"modality", "shape", "seconds", "codes"}`` to FILE
 (codebook indices without the vocabulary offset; ``seconds``: the encoder time of the item's batch
-divided by its size, measured only while logging).
+divided by its size, measured only while logging; with the media-code cache on, only the items
+the encoders ran on are logged).
+
+The persistent media-code cache (:mod:`apertus_plugins.encoders.cache`): with
+``APERTUS_MEDIA_CACHE=DIR`` in the server's environment, :meth:`embed_multimodal` looks every item up
+by its content and the encoder's weights, encodes only the misses (batched by shape) and stores
+them, so a picture served before (by this server, another one or ``apertus tokenize``) costs no
+encoder time. Hits and misses are logged every :data:`CACHE_LOG_EVERY` items.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 from torch import nn
 from vllm.config import VllmConfig
@@ -48,13 +57,18 @@ from apertus_plugins.encoders import (
     VisionTokenizerConfig,
     group_by_shape,
 )
+from apertus_plugins.encoders.cache import MediaCodeCache, forget_fingerprint
 
 from .processing import Apertus1p5DummyInputsBuilder, Apertus1p5MultiModalProcessor, Apertus1p5ProcessingInfo
 
-__all__ = ["Apertus1p5ForConditionalGeneration", "CODES_LOG_ENV"]
+__all__ = ["Apertus1p5ForConditionalGeneration", "CODES_LOG_ENV", "CACHE_LOG_EVERY"]
+
+logger = logging.getLogger(__name__)
 
 #: Environment variable naming a file where the embedded media codes are appended (debugging, parity).
 CODES_LOG_ENV = "APERTUS_VLLM_CODES_LOG"
+#: With the media-code cache on, its counts are logged each time this many more items were looked up.
+CACHE_LOG_EVERY = 100
 
 
 def _config_dict(config: object) -> dict:
@@ -117,6 +131,10 @@ class Apertus1p5ForConditionalGeneration(nn.Module, SupportsMultiModal, Supports
             self.logits_processor = LogitsProcessor(self.output_vocab_size)
 
         self.make_empty_intermediate_tensors = self.language_model.make_empty_intermediate_tensors
+        self.media_cache = MediaCodeCache.from_env()  # APERTUS_MEDIA_CACHE; None (off) by default
+        self._cache_logged = 0
+        if self.media_cache is not None:
+            logger.info("apertus: %r on: stored image/audio codes are reused", self.media_cache)
 
     def get_language_model(self) -> nn.Module:
         return self.language_model
@@ -130,8 +148,22 @@ class Apertus1p5ForConditionalGeneration(nn.Module, SupportsMultiModal, Supports
                                      "codes": c.flatten().tolist()}) + "\n")
 
     def _encode(self, modality: str, items: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Codebook indices per item: items of identical shape share one batch, none is padded."""
+        """Codebook indices per item, from the media-code cache where it is on and holds them."""
         tokenizer = self.vision_tokenizer if modality == "image" else self.audio_tokenizer
+        cache = self.media_cache
+        if cache is None or not items:
+            return self._encode_batches(tokenizer, modality, items)
+        found = cache.codes(modality, tokenizer, items,
+                            lambda todo: self._encode_batches(tokenizer, modality, [items[i] for i in todo]))
+        device = next(tokenizer.parameters()).device
+        looked = cache.hits + cache.misses
+        if looked - self._cache_logged >= CACHE_LOG_EVERY:
+            self._cache_logged = looked
+            logger.info("apertus: %s", cache.summary())
+        return [torch.from_numpy(np.asarray(c)).to(device) for c in found]
+
+    def _encode_batches(self, tokenizer: nn.Module, modality: str, items: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Codebook indices per item: items of identical shape share one batch, none is padded."""
         log = os.environ.get(CODES_LOG_ENV)
         codes: list[torch.Tensor | None] = [None] * len(items)
         seconds = [0.0] * len(items)
@@ -184,5 +216,8 @@ class Apertus1p5ForConditionalGeneration(nn.Module, SupportsMultiModal, Supports
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         loader = AutoWeightsLoader(self)
-        return loader.load_weights(weights, mapper=self.hf_to_vllm_mapper)
+        loaded = loader.load_weights(weights, mapper=self.hf_to_vllm_mapper)
+        for tokenizer in (self.vision_tokenizer, self.audio_tokenizer):
+            forget_fingerprint(tokenizer)  # the media-code cache keys by the weights now loaded
+        return loaded
 

@@ -6,6 +6,9 @@ modality is read from the file's content (Pillow, then soundfile); preprocessing
 (the released processor's). Items of identical shape are batched; nothing is padded. A file that
 cannot be read prints ``{"file": ..., "error": ...}`` in its place, the others still print, and
 the exit status is 1.
+
+``--media-cache DIR`` (or ``APERTUS_MEDIA_CACHE=DIR``) reads stored codes from the persistent
+media-code cache and encodes only the files it lacks; the counts go to stderr.
 """
 
 from __future__ import annotations
@@ -32,7 +35,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--precision", choices=["float32", "tf32"], default="float32")
     p.add_argument("--image-policy", default="released", help="resize policy (media.image.POLICIES)")
     p.add_argument("--audio-policy", default="released", help="audio policy (media.audio.AUDIO_POLICIES)")
+    add_media_cache_args(p)
     p.set_defaults(func=run)
+
+
+def add_media_cache_args(p: argparse.ArgumentParser) -> None:
+    """``--media-cache DIR`` and ``--media-cache-size SIZE`` (the commands that encode media share them)."""
+    p.add_argument("--media-cache", metavar="DIR", default=None,
+                   help="persistent media-code cache: reuse the codes of images/clips encoded before (by any process) "
+                        "and store new ones; '1' for ~/.cache/apertus-plugins/media-codes, '0' for off "
+                        "(default: $APERTUS_MEDIA_CACHE, else off)")
+    p.add_argument("--media-cache-size", metavar="SIZE", default=None,
+                   help="bound on the cache's bytes on disk, least recently used entries go first "
+                        "(default: $APERTUS_MEDIA_CACHE_SIZE, else 2GB)")
+
+
+def media_cache(args: argparse.Namespace) -> Any:
+    """The :class:`~apertus_plugins.encoders.cache.MediaCodeCache` the flags or the environment ask for, or None."""
+    from apertus_plugins.encoders.cache import MediaCodeCache
+
+    return MediaCodeCache.resolve(args.media_cache, args.media_cache_size)
 
 
 def sniff_modality(path: Path) -> str:
@@ -73,6 +95,11 @@ def run(args: argparse.Namespace) -> int:
 
     from apertus_plugins.encoders import encode_audio, encode_images, load_audio_tokenizer, load_vision_tokenizer
 
+    try:
+        cache = media_cache(args)
+    except ValueError as exc:
+        print(f"apertus encode: error: {exc}", file=sys.stderr)
+        return 2
     prepared: list[tuple[str, Any] | Exception] = []
     for f in tqdm(args.files, desc="reading", unit="file", disable=len(args.files) < 16, file=sys.stderr):
         try:
@@ -84,14 +111,18 @@ def run(args: argparse.Namespace) -> int:
     results: dict[int, dict[str, Any]] = {}
     if images:
         vision = load_vision_tokenizer(args.checkpoint, device=args.device, precision=args.precision)
-        grids = encode_images(vision, [prepared[i][1] for i in images], batch_size=args.batch_size)  # type: ignore[index]
+        grids = encode_images(vision, [prepared[i][1] for i in images], batch_size=args.batch_size,  # type: ignore[index]
+                              cache=cache)
         for i, grid in zip(images, grids, strict=True):
             results[i] = {"modality": "image", "grid": list(grid.shape), "codes": grid.ravel().tolist()}
     if clips:
         audio_tok = load_audio_tokenizer(args.checkpoint, device=args.device, precision=args.precision)
-        codes = encode_audio(audio_tok, [prepared[i][1] for i in clips], batch_size=args.batch_size)  # type: ignore[index]
+        codes = encode_audio(audio_tok, [prepared[i][1] for i in clips], batch_size=args.batch_size,  # type: ignore[index]
+                             cache=cache)
         for i, c in zip(clips, codes, strict=True):
             results[i] = {"modality": "audio", "codes": c.tolist()}
+    if cache is not None:
+        print(f"apertus encode: {cache.summary()}", file=sys.stderr)
     failed = 0
     for i, f in enumerate(args.files):
         item = prepared[i]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from apertus_plugins.cli.encode import add_media_cache_args
 from apertus_plugins.data.offline.config import (
     AUDIO_TASKS,
     CAPTIONS,
@@ -93,6 +94,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                         f"(certainly, or projected from the first 1,000 items encoded); default "
                         f"{MAX_BAD_FRACTION_DEFAULT:g}, 1 never stops; a stopped run continues with a higher value")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_media_cache_args(p)
 
 
 def _fraction(text: str) -> float:
@@ -195,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
         precision=args.precision, workers=args.workers, ray_address=args.ray_address, device=args.device,
         progress=not args.no_progress, keep_work=args.keep_work, restart=args.restart, merge=args.merge,
         plan_files=args.plan_files, plan_bytes=args.plan_bytes, encoders=args.encoders, plan_only=args.plan_only,
-        max_bad_fraction=args.max_bad_fraction,
+        max_bad_fraction=args.max_bad_fraction, media_cache=args.media_cache, media_cache_size=args.media_cache_size,
     )
     if args.kind == "pretrain":
         cfg = TokenizeConfig(**common, audio_task=args.audio_task, captions=args.captions, window=args.window,

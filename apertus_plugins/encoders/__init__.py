@@ -11,6 +11,8 @@ everything else needs it (the ``[torch]`` extra) and is imported on first use. T
   the core's preprocessing and layouts.
 - :func:`load_vision_tokenizer`, :func:`load_audio_tokenizer`, :func:`load_media_tokenizers`:
   strict loaders for the released checkpoint layout and the original Emu3.5 / WavTokenizer files.
+- :class:`MediaCodeCache`: the persistent, content-addressed media-code cache (``cache=`` of
+  :func:`encode_images` / :func:`encode_audio`; ``APERTUS_MEDIA_CACHE=DIR`` turns it on).
 - Precision: ``"float32"`` (default) or ``"tf32"`` (CUDA), a setting of each encoder applied
   around its forward pass; half precision is refused (:class:`PrecisionError`).
 
@@ -36,6 +38,7 @@ _LAZY = {
     "load_vision_tokenizer": "loaders", "load_audio_tokenizer": "loaders", "load_media_tokenizers": "loaders",
     "read_emu35_config": "loaders", "infer_wavtokenizer_config": "loaders",
     "FlopCount": "flops", "vision_flops": "flops", "audio_flops": "flops",
+    "MediaCodeCache": "cache", "weights_fingerprint": "cache", "media_key": "cache",
 }
 
 __all__ = [
@@ -46,11 +49,13 @@ __all__ = [
     "CheckpointError", "FORMATS", "detect_format", "load_vision_tokenizer", "load_audio_tokenizer",
     "load_media_tokenizers", "read_emu35_config", "infer_wavtokenizer_config",
     "FlopCount", "vision_flops", "audio_flops",
+    "MediaCodeCache", "weights_fingerprint", "media_key",
 ]
 
 if TYPE_CHECKING:
     from .api import audio_ids, encode_audio, encode_images, group_by_shape, image_ids, shape_of
     from .audio import AudioTokenizer, select_codes_by_distance
+    from .cache import MediaCodeCache, media_key, weights_fingerprint
     from .flops import FlopCount, audio_flops, vision_flops
     from .loaders import (
         FORMATS,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -24,6 +24,9 @@ from apertus_plugins.core.vocab import VocabSpec
 
 from .audio import AudioTokenizer
 from .vision import VisionTokenizer
+
+if TYPE_CHECKING:
+    from .cache import MediaCodeCache
 
 __all__ = ["shape_of", "group_by_shape", "encode_images", "encode_audio", "image_ids", "audio_ids"]
 
@@ -56,7 +59,7 @@ def group_by_shape(items: Sequence[Any], batch_size: int | None = None,
 
 
 def encode_images(tokenizer: VisionTokenizer, images: Sequence[PreprocessedImage | np.ndarray],
-                  batch_size: int = 8) -> list[np.ndarray]:
+                  batch_size: int = 8, cache: MediaCodeCache | None = None) -> list[np.ndarray]:
     """Code grids of many images, batched by exact shape.
 
     Args:
@@ -64,10 +67,15 @@ def encode_images(tokenizer: VisionTokenizer, images: Sequence[PreprocessedImage
         images: :class:`PreprocessedImage` items (from ``media.image.preprocess_image``) or float32
             ``[3, H, W]`` pixel arrays in [-1, 1].
         batch_size: most images per forward pass (only same-shape images share one).
+        cache: a :class:`~apertus_plugins.encoders.cache.MediaCodeCache`: stored grids are read
+            from it, only the misses are encoded (batched as usual) and then stored.
 
     Returns:
         One int64 ``[rows, cols]`` grid per image, in input order.
     """
+    if cache is not None:
+        return cache.codes("image", tokenizer, images,
+                           lambda todo: encode_images(tokenizer, [images[i] for i in todo], batch_size))
     out: list[np.ndarray | None] = [None] * len(images)
     for batch in group_by_shape(images, batch_size):
         pixels = np.stack([_pixels(images[i]) for i in batch])
@@ -81,12 +89,18 @@ def _pixels(item: PreprocessedImage | np.ndarray) -> np.ndarray:
     return np.asarray(item.pixels if isinstance(item, PreprocessedImage) else item, dtype=np.float32)
 
 
-def encode_audio(tokenizer: AudioTokenizer, clips: Sequence[np.ndarray], batch_size: int = 8) -> list[np.ndarray]:
+def encode_audio(tokenizer: AudioTokenizer, clips: Sequence[np.ndarray], batch_size: int = 8,
+                 cache: MediaCodeCache | None = None) -> list[np.ndarray]:
     """Codes of many 24 kHz mono clips (as ``media.audio.preprocess_audio`` returns them), batched by length.
+
+    ``cache``: as for :func:`encode_images` (only the clips not stored are encoded).
 
     Returns:
         One int64 array of ``ceil(len / 600)`` codes per clip, in input order.
     """
+    if cache is not None:
+        return cache.codes("audio", tokenizer, clips,
+                           lambda todo: encode_audio(tokenizer, [clips[i] for i in todo], batch_size))
     out: list[np.ndarray | None] = [None] * len(clips)
     for batch in group_by_shape(clips, batch_size):
         wave = np.stack([np.asarray(clips[i], dtype=np.float32) for i in batch])

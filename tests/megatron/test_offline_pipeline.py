@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import warnings
 from pathlib import Path
@@ -135,6 +136,27 @@ def test_inference_layout(tmp_path: Path, encoders: tuple) -> None:
     assert {detect_image_layout(ds.document(d), spec) for d in range(ds.num_documents)} == {"inference"}
     meta = json.loads(Path(f"{tmp_path / 'inf'}.manifest.json").read_text())["datasets"][0]["metadata"]
     assert meta["image_layout"] == "inference"
+
+
+def test_media_cache_second_run_encodes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ws = workspace()
+    imgs = str(ws.folder / "img")
+    common = dict(tokenizer=str(ws.tokenizer), checkpoint=str(ws.checkpoint), batch_size=4, workers=0, progress=False)
+    plain = tokenize(TokenizeConfig("pretrain", [imgs], out=str(tmp_path / "plain"), **common), out=io.StringIO())
+    assert plain["run"]["media_cache"] is None  # off by default
+    cache = tmp_path / "codes"
+    log = io.StringIO()
+    cold = tokenize(TokenizeConfig("pretrain", [imgs], out=str(tmp_path / "a"), media_cache=str(cache), **common),
+                    out=log)
+    mc = cold["run"]["media_cache"]
+    assert mc["misses"] > 0 and mc["hits"] + mc["misses"] == 7
+    assert f"media cache: {mc['hits']} items from the cache, {mc['misses']} encoded" in log.getvalue()
+    monkeypatch.setenv("APERTUS_MEDIA_CACHE", str(cache))  # the environment variable: the same cache
+    warm = tokenize(TokenizeConfig("pretrain", [imgs], out=str(tmp_path / "b"), **common), out=io.StringIO())
+    assert warm["run"]["media_cache"] == {"hits": 7, "misses": 0}  # the encoders ran on no item
+    for name in ("a", "b"):
+        assert Path(f"{tmp_path / name}.bin").read_bytes() == Path(f"{tmp_path / 'plain'}.bin").read_bytes()
+        assert Path(f"{tmp_path / name}.idx").read_bytes() == Path(f"{tmp_path / 'plain'}.idx").read_bytes()
 
 
 def test_audio_tasks_and_captions_before(tmp_path: Path, encoders: tuple) -> None:

@@ -135,3 +135,35 @@ def test_demo_with_a_checkpoint_fills_in_the_encoders_codes(ckpt):
     assert [int(c) for c in re.findall(r"<\|audio token (\d+)\|>", line)] == want
     both = apertus("demo", "--checkpoint", str(ckpt), "--tokenizer", str(ckpt))
     assert both.returncode != 0 and "not both" in both.stderr
+
+
+def test_encode_twice_with_the_media_cache_encodes_nothing_the_second_time(ckpt, tmp_path):
+    files = [_image(tmp_path / "a.png", 200, 300), _image(tmp_path / "b.png", 64, 64), tmp_path / "s.wav"]
+    sf.write(tmp_path / "s.wav", (0.2 * rng.standard_normal(12_000)).astype(np.float32), 24_000, subtype="FLOAT")
+    cache = tmp_path / "codes"
+    plain = apertus("encode", "--checkpoint", str(ckpt), *map(str, files))
+    cold = apertus("encode", "--checkpoint", str(ckpt), "--media-cache", str(cache), *map(str, files))
+    env_run = subprocess.run(
+        [sys.executable, "-m", "apertus_plugins.cli", "encode", "--checkpoint", str(ckpt), *map(str, files)],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+             "APERTUS_MEDIA_CACHE": str(cache), "APERTUS_MEDIA_CACHE_SIZE": "10MB"})
+    for r in (plain, cold, env_run):
+        assert r.returncode == 0, r.stderr
+    assert "media cache" not in plain.stderr  # off by default
+    assert f"media cache {cache}: 0 hits, 3 misses" in cold.stderr
+    assert f"media cache {cache}: 3 hits, 0 misses" in env_run.stderr  # the encoders ran on no item
+    assert plain.stdout == cold.stdout == env_run.stdout
+
+
+def test_weights_fingerprint_follows_every_tensor(ckpt):
+    from apertus_plugins.encoders import load_vision_tokenizer
+    from apertus_plugins.encoders.cache import forget_fingerprint, weights_fingerprint
+
+    a, b = load_vision_tokenizer(ckpt), load_vision_tokenizer(ckpt)
+    fa = weights_fingerprint(a)
+    assert fa == weights_fingerprint(b) and len(fa) == 64  # the same files, the same fingerprint
+    with torch.no_grad():
+        next(iter(b.parameters())).view(-1)[0] += 1e-6
+    forget_fingerprint(b)
+    assert weights_fingerprint(b) != fa

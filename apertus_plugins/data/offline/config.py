@@ -106,6 +106,10 @@ class TokenizeConfig:
         max_bad_fraction: the run stops, with its report, once more than this share of its input
             items is certain (or, from the first 1,000 items encoded, projected) to be skipped;
             1 never stops. Not part of the fingerprint: a stopped run resumes with a higher value.
+        media_cache / media_cache_size: the persistent media-code cache
+            (:mod:`apertus_plugins.encoders.cache`; default ``$APERTUS_MEDIA_CACHE`` /
+            ``$APERTUS_MEDIA_CACHE_SIZE`` of the driver, else off): stored codes are read, only the
+            other items are encoded. Not part of the fingerprint: the codes are the same either way.
     """
 
     kind: str
@@ -142,9 +146,11 @@ class TokenizeConfig:
     restart: bool = False
     plan_only: bool = False
     max_bad_fraction: float = MAX_BAD_FRACTION_DEFAULT
+    media_cache: str | None = None
+    media_cache_size: str | None = None
 
     _EXECUTION = ("workers", "ray_address", "encoders", "device", "progress", "keep_work", "restart", "work_dir",
-                  "plan_only", "max_bad_fraction")
+                  "plan_only", "max_bad_fraction", "media_cache", "media_cache_size")
 
     def __post_init__(self) -> None:
         from apertus_plugins.core.media.audio import AUDIO_POLICIES
@@ -154,6 +160,16 @@ class TokenizeConfig:
             raise ValueError(f"unknown kind {self.kind!r}; kinds are {', '.join(KINDS)}")
         if not self.sources:
             raise ValueError("no input sources given")
+        from apertus_plugins.encoders.cache import MEDIA_CACHE_ENV, MEDIA_CACHE_SIZE_ENV
+        from apertus_plugins.infra.sizes import parse_size
+
+        # the driver's environment travels to the workers (Ray hosts included) through the config
+        if self.media_cache is None:
+            self.media_cache = os.environ.get(MEDIA_CACHE_ENV) or None
+        if self.media_cache_size is None:
+            self.media_cache_size = os.environ.get(MEDIA_CACHE_SIZE_ENV) or None
+        if self.media_cache_size is not None and not parse_size(self.media_cache_size):
+            raise ValueError(f"media cache size {self.media_cache_size!r}: must be positive")
         if self.image_layout not in LAYOUTS:
             raise ValueError(f"unknown image layout {self.image_layout!r}; layouts are {', '.join(LAYOUTS)}")
         if self.resize_policy not in POLICIES:

@@ -43,11 +43,14 @@ class MediaEncoders:
         device: ``"auto"`` (see :func:`resolve_device`), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         precision: ``"float32"`` or ``"tf32"`` (CUDA only): the encoders' precision contract.
         batch_size: most items per forward pass.
+        cache: a :class:`~apertus_plugins.encoders.cache.MediaCodeCache` for image and audio codes
+            (a plugin modality's encoder is always run).
     """
 
     def __init__(self, checkpoint: str | None, device: str = "cpu", precision: str = "float32",
-                 batch_size: int = 32) -> None:
+                 batch_size: int = 32, cache: Any = None) -> None:
         self.checkpoint = checkpoint
+        self.cache = cache
         self.device = resolve_device(device)
         self.precision = precision
         self.batch_size = batch_size
@@ -87,9 +90,9 @@ class MediaEncoders:
 
         model = self._model(modality)
         if modality == "image":
-            codes = encoders.encode_images(model, arrays, batch_size=self.batch_size)
+            codes = encoders.encode_images(model, arrays, batch_size=self.batch_size, cache=self.cache)
         elif modality == "audio":
-            codes = encoders.encode_audio(model, arrays, batch_size=self.batch_size)
+            codes = encoders.encode_audio(model, arrays, batch_size=self.batch_size, cache=self.cache)
         else:  # a plugin modality's encoder (Modality.tokenizer_factory)
             codes = model.encode(arrays, batch_size=self.batch_size)
         return [np.asarray(c, dtype=np.int64) for c in codes]

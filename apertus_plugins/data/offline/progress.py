@@ -74,6 +74,7 @@ class Progress:
         self.items = 0
         self.encode_s = 0.0
         self.busy_s = 0.0
+        self.cache: dict[str, int] | None = None  # media-code cache hits and misses, when it is on
         self.clocks: dict[tuple[str, int], tuple[float, float]] = {}  # encoder process -> (busy, uptime)
         self.t0 = time.perf_counter()
         self.every = every
@@ -87,6 +88,10 @@ class Progress:
         self.encode_s += float(record.get("encode_s", 0.0))
         self.busy_s += float(record.get("seconds", 0.0))
         self.skipped.add(record.get("skipped", ()))
+        if record.get("media_cache"):
+            self.cache = self.cache or {"hits": 0, "misses": 0}
+            for k in ("hits", "misses"):
+                self.cache[k] += int(record["media_cache"].get(k, 0))
         enc = record.get("encoder") or {}
         if "uptime_s" in enc:
             key = (enc["host"], enc["pid"])
@@ -124,6 +129,7 @@ class Progress:
             "encoder_share_of_batch_time": round(self.encode_s / self.busy_s, 4) if self.busy_s > 0 else 0.0,
             "skipped_by_reason": dict(sorted(self.skipped.counts.items())),
             "skipped_latest": list(self.skipped.latest),
+            "media_cache": dict(self.cache) if self.cache is not None else None,
         }
 
     def close(self) -> dict[str, Any]:

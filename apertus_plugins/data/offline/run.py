@@ -698,6 +698,9 @@ def format_report(report: dict[str, Any], limit: int = 20) -> str:
                  + (f", encoders busy {util:.0%} of the time" if util is not None else "")
                  + f"), merge {r['merge_s']:.1f} s; {r['batches']} batches, {r['batches_resumed']} resumed from a "
                  "previous run")
+    if r.get("media_cache"):
+        mc = r["media_cache"]
+        lines.append(f"media cache: {mc['hits']:,} items from the cache, {mc['misses']:,} encoded")
     return "\n".join(lines)
 
 
@@ -816,6 +819,7 @@ def tokenize(cfg: TokenizeConfig, out: Any = None) -> dict[str, Any]:
             "encoder_utilisation": stats["encoder_utilisation"],
             "encoder_share_of_stage": stats["encoder_share_of_stage"],
             "encoder_share_of_batch_time": stats["encoder_share_of_batch_time"], "merge": cfg.merge,
+            "media_cache": stats.get("media_cache"),
             "peak_rss_mb": {"driver": peak_rss_mb(), "planning": plan_info["peak_rss_mb"],
                             "decoding": enc["peak_rss_mb"]["decode"], "encoding": enc["peak_rss_mb"]["encode"],
                             "merging": max([p["peak_rss_mb"] for p in parts], default=0.0)},

@@ -177,9 +177,12 @@ class WorkerContext:
 
     @cached_property
     def encoders(self) -> Any:
+        from apertus_plugins.encoders.cache import MediaCodeCache
+
         from .encode import MediaEncoders
 
-        return MediaEncoders(self.cfg.checkpoint, self.cfg.device, self.cfg.precision, self.cfg.batch_size)
+        cache = MediaCodeCache.resolve(self.cfg.media_cache or "0", self.cfg.media_cache_size)
+        return MediaEncoders(self.cfg.checkpoint, self.cfg.device, self.cfg.precision, self.cfg.batch_size, cache)
 
     @cached_property
     def streams(self) -> list[Any]:
@@ -405,7 +408,9 @@ class WorkerContext:
         ``failed``: per modality, the failed arrays' positions and the errors (see :meth:`_isolated`);
         ``encode_s``: seconds in the encoders for these arrays (loading an encoder is not counted);
         ``encoder``: this process, with ``busy_s`` (encoder seconds so far) and ``uptime_s`` (seconds
-        since its first encoder was loaded): their ratio is the encoder's utilisation.
+        since its first encoder was loaded): their ratio is the encoder's utilisation;
+        ``media_cache``: with the media-code cache on, the items of these arrays found in it
+        (``hits``) and encoded (``misses``).
         """
         kinds = sorted(k for k, (_keys, arr) in arrays.items() if arr)
         t_load = time.perf_counter()
@@ -414,6 +419,8 @@ class WorkerContext:
         load_s = time.perf_counter() - t_load
         if kinds and self._ready is None:
             self._ready = time.perf_counter()
+        cache = self.encoders.cache
+        before = (cache.hits, cache.misses) if cache is not None else (0, 0)
         t0 = time.perf_counter()
         codes: dict[str, list[np.ndarray | None]] = {}
         failed: dict[str, dict[int, str]] = {}
@@ -425,8 +432,11 @@ class WorkerContext:
         self._busy += encode_s
         clock = {"busy_s": round(self._busy, 4),
                  "uptime_s": round(time.perf_counter() - self._ready, 4) if self._ready is not None else 0.0}
-        return {"codes": codes, "failed": failed, "encode_s": encode_s, "load_s": load_s,
-                "device": self.encoders.device, "loads": self.encoders.loads, "encoder": {**_worker(), **clock}}
+        out = {"codes": codes, "failed": failed, "encode_s": encode_s, "load_s": load_s,
+               "device": self.encoders.device, "loads": self.encoders.loads, "encoder": {**_worker(), **clock}}
+        if cache is not None:
+            out["media_cache"] = {"hits": cache.hits - before[0], "misses": cache.misses - before[1]}
+        return out
 
     def _isolated(self, kind: str, arrays: list[np.ndarray]) -> tuple[list[np.ndarray | None], dict[int, str]]:
         """Codes of ``arrays``; when the encoder raises on a group, its halves are encoded apart, down to
@@ -502,6 +512,8 @@ class WorkerContext:
             "worker": _worker(),
             "encoder": enc.get("encoder"),
         }
+        if enc.get("media_cache"):
+            record["media_cache"] = enc["media_cache"]
         storage.write_json(self.layout.record(ref.part, ref.id), record)
         fault_point("batch-done", ref.id)
         return record

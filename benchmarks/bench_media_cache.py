@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""A 512x512 image encoded cold against read back from the persistent media-code cache.
+
+Run in an environment with torch (the reference suite's):
+``python3 tools/dev.py run reference python benchmarks/bench_media_cache.py``.
+
+For each vision encoder (the tiny random checkpoint of ``apertus make-checkpoint``, and the released
+architecture at a reduced width, ``--widths``), written as a checkpoint and loaded by the same
+loader ``apertus encode`` uses, it prints the best of ``--repeat`` runs of
+
+* ``preprocess``: decode and resize (the cache does not save it: the key is the preprocessed pixels),
+* ``cold``: ``encode_images`` without the cache,
+* ``miss``: with the cache, an item it lacks (encode + key + atomic write),
+* ``hit``: with the cache, an item it holds (key + checked read), in a fresh ``MediaCodeCache`` as
+  another process would see it,
+* ``fingerprint``: the one-time digest of the encoder's weights (per loaded encoder),
+
+and the ratios cold/hit and (preprocess+cold)/(preprocess+hit).
+
+``--serve`` (run it in the vllm environment: ``python3 tools/dev.py run vllm python
+benchmarks/bench_media_cache.py --serve``) measures requests instead, on the tiny checkpoint: a
+server with the cache on answers ``--requests`` chat requests, each with a new 512x512 image
+(cold: encoded and stored); a second server with the same cache directory (vLLM's own caches are
+gone with the first) answers the same requests again (hits: the model logs no encoded item) and as
+many text-only requests of the same prompt length. It prints the median latencies and the ratio
+repeated image / text (the issue's target: within 1.2x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _best(fn, repeat: int) -> tuple[float, object]:
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def _row(width: str, tmp: Path, png: bytes, image_codes: int, repeat: int) -> str:
+    from apertus_plugins.core.media import image
+    from apertus_plugins.encoders import encode_images, load_vision_tokenizer
+    from apertus_plugins.encoders.cache import MediaCodeCache, forget_fingerprint, weights_fingerprint
+    from apertus_plugins.encoders.config import VisionTokenizerConfig
+    from apertus_plugins.testing.checkpoint import write_checkpoint
+
+    vision = None if width == "tiny" else dataclasses.replace(
+        VisionTokenizerConfig(), base_channels=int(width), codebook_size=image_codes)
+    ckpt = write_checkpoint(tmp / f"ck-{width}", vision_config=vision)
+    tok = load_vision_tokenizer(ckpt)
+    t_pre, pre = _best(lambda: image.preprocess_image(image.decode_image(image.open_image(png))), repeat)
+    t_cold, cold = _best(lambda: encode_images(tok, [pre], batch_size=1), repeat)
+
+    def fingerprint() -> str:
+        forget_fingerprint(tok)
+        return weights_fingerprint(tok)
+
+    t_fp, _ = _best(fingerprint, repeat)
+    cache_dir = tmp / f"codes-{width}"
+
+    def miss() -> list:
+        for f in cache_dir.rglob("*.bin"):
+            f.unlink()
+        return encode_images(tok, [pre], batch_size=1, cache=MediaCodeCache(cache_dir))
+
+    t_miss, _ = _best(miss, repeat)
+    t_hit, hit = _best(lambda: encode_images(tok, [pre], batch_size=1, cache=MediaCodeCache(cache_dir)), repeat)
+    assert np.array_equal(cold[0], hit[0]), "the cache returned other codes"  # type: ignore[index]
+    name = "tiny (make-checkpoint)" if width == "tiny" else f"released arch, width {width}"
+    return (f"{name:<26}{t_pre * 1e3:>9.1f}ms{t_cold * 1e3:>8.1f}ms{t_miss * 1e3:>8.1f}ms{t_hit * 1e3:>8.2f}ms"
+            f"{t_fp * 1e3:>10.1f}ms{t_cold / t_hit:>9.0f}x{(t_pre + t_cold) / (t_pre + t_hit):>7.1f}x")
+
+
+def _png_url(seed: int, side: int) -> str:
+    import base64
+
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    coarse = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(coarse).resize((side, side), Image.Resampling.BICUBIC).save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _chat(srv, content, max_tokens: int) -> tuple[float, int]:  # noqa: ANN001 (VLLMServer)
+    from apertus_plugins.infra.client import http_json
+
+    t0 = time.perf_counter()
+    status, body = http_json(srv.url("/v1/chat/completions"), {
+        "model": "apertus", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+        "messages": [{"role": "user", "content": content}]}, timeout=600)
+    if status != 200:
+        raise RuntimeError(f"request failed: {status} {body!r:.300}")
+    return time.perf_counter() - t0, int(body["usage"]["prompt_tokens"])
+
+
+def _text_of(srv, tokens: int, salt: int) -> str:  # noqa: ANN001
+    """A text prompt whose chat request has ``tokens`` prompt tokens (found through /tokenize)."""
+    from apertus_plugins.infra.client import http_json
+
+    def count(text: str) -> int:
+        status, body = http_json(srv.url("/tokenize"), {"model": "apertus",
+                                                        "messages": [{"role": "user", "content": text}]})
+        if status != 200:
+            raise RuntimeError(f"/tokenize failed: {status} {body!r:.300}")
+        return int(body["count"])
+
+    words = [f"w{salt}x{i}" for i in range(tokens)]
+    lo, hi = 1, tokens
+    while lo < hi:  # the fewest words reaching the length
+        mid = (lo + hi) // 2
+        if count(" ".join(words[:mid])) >= tokens:
+            hi = mid
+        else:
+            lo = mid + 1
+    return " ".join(words[:lo])
+
+
+def serve(args: argparse.Namespace) -> None:
+    import json
+    import statistics
+
+    from apertus_plugins.testing.checkpoint import write_checkpoint
+    from apertus_plugins.testing.serve import CPU_ARGS, VLLMServer
+
+    flags = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", "apertus", "--no-enable-prefix-caching"]
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = write_checkpoint(Path(tmp) / "ck")
+        cache, log = Path(tmp) / "codes", Path(tmp) / "codes.jsonl"
+        env = {"APERTUS_MEDIA_CACHE": str(cache), "APERTUS_VLLM_CODES_LOG": str(log)}
+        images = [[{"type": "text", "text": "What is this? "},
+                   {"type": "image_url", "image_url": {"url": _png_url(100 + i, args.size)}}]
+                  for i in range(args.requests + 1)]
+        with VLLMServer(ckpt, args=flags, env=env) as srv:
+            cold = [_chat(srv, c, args.max_tokens) for c in images]  # the first one warms the server up
+        encoded_cold = len(log.read_text().splitlines())
+        log.write_text("")
+        with VLLMServer(ckpt, args=flags, env=env) as srv:
+            _chat(srv, "warm up", args.max_tokens)
+            hits = [_chat(srv, c, args.max_tokens) for c in images[1:]]
+            tokens = hits[0][1]
+            texts = [_text_of(srv, tokens, salt) for salt in range(args.requests)]
+            text = [_chat(srv, t, args.max_tokens) for t in texts]
+        encoded_warm = len(log.read_text().splitlines())
+    med = {k: statistics.median(t for t, _ in v) for k, v in
+           (("cold", cold[1:]), ("hit", hits), ("text", text))}
+    print(json.dumps({"requests": args.requests, "image": f"{args.size}x{args.size}", "prompt_tokens": tokens,
+                      "text_prompt_tokens": [n for _, n in text], "max_tokens": args.max_tokens,
+                      "items_encoded": {"first server": encoded_cold, "second server": encoded_warm}}))
+    print(f"median latency: image cold {med['cold'] * 1e3:.0f} ms, image from the cache {med['hit'] * 1e3:.0f} ms, "
+          f"text of the same length {med['text'] * 1e3:.0f} ms")
+    print(f"repeated image / text: {med['hit'] / med['text']:.2f}x (target <= 1.2); "
+          f"cold image / text: {med['cold'] / med['text']:.2f}x")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", type=int, default=512, help="image side in pixels (default 512)")
+    ap.add_argument("--widths", default="tiny,64",
+                    help="vision encoders: 'tiny' (make-checkpoint's) and/or base widths of the released "
+                         "architecture (released: 256; default tiny,64)")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument("--serve", action="store_true", help="measure chat requests against two vLLM servers instead")
+    ap.add_argument("--requests", type=int, default=5, help="--serve: measured requests of each kind")
+    ap.add_argument("--max-tokens", type=int, default=4, help="--serve: tokens generated per request")
+    args = ap.parse_args()
+    if args.serve:
+        serve(args)
+        return
+
+    import torch
+    from PIL import Image
+
+    from apertus_plugins.core.vocab import VocabSpec
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rng = np.random.default_rng(0)
+    coarse = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(coarse).resize((args.size, args.size), Image.Resampling.BICUBIC).save(buf, "PNG")
+    png = buf.getvalue()
+
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs visible, torch {torch.__version__} "
+          f"({torch.get_num_threads()} threads), python {platform.python_version()}")
+    from apertus_plugins.core.media import image
+
+    shape = image.preprocess_image(image.decode_image(image.open_image(png))).pixels.shape
+    print(f"image: {args.size}x{args.size} PNG -> pixels {list(shape)} float32, best of {args.repeat}")
+    header = f"{'encoder':<26}{'preprocess':>11}{'cold':>10}{'miss':>10}{'hit':>10}{'fingerprint':>12}" \
+             f"{'cold/hit':>10}{'total':>8}"
+    print(header)
+    image_codes = VocabSpec.scaled().modality("image").size
+    with tempfile.TemporaryDirectory() as tmp:
+        for width in [w.strip() for w in args.widths.split(",") if w.strip()]:
+            print(_row(width, Path(tmp), png, image_codes, args.repeat))
+    print("cold/hit: the encoder call alone; total: preprocess + encoder call (what a repeated image costs)")
+
+
+if __name__ == "__main__":
+    main()
