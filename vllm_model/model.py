@@ -31,7 +31,6 @@ encoder time. Hits and misses are logged every :data:`CACHE_LOG_EVERY` items.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import time
 from collections.abc import Iterable
@@ -59,11 +58,12 @@ from apertus_plugins.encoders import (
 )
 from apertus_plugins.encoders.cache import MediaCodeCache, forget_fingerprint
 
+from .logs import get_logger
 from .processing import Apertus1p5DummyInputsBuilder, Apertus1p5MultiModalProcessor, Apertus1p5ProcessingInfo
 
 __all__ = ["Apertus1p5ForConditionalGeneration", "CODES_LOG_ENV", "CACHE_LOG_EVERY"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)  # under vLLM's `vllm` logger: shown by `vllm serve`
 
 #: Environment variable naming a file where the embedded media codes are appended (debugging, parity).
 CODES_LOG_ENV = "APERTUS_VLLM_CODES_LOG"

@@ -61,11 +61,18 @@ def test_served_encoder_calls_go_through_the_cache(model_class, checkpoint, tmp_
     monkeypatch.setattr("vllm_model.model.CACHE_LOG_EVERY", 1)
     model = _bare(model_class, checkpoint, MediaCodeCache(tmp_path / "codes"))
     vcalls, acalls = _counting(model.vision_tokenizer), _counting(model.audio_tokenizer)
-    with caplog.at_level(logging.INFO, logger="vllm_model.model"):
-        for _ in range(2):
-            got_img, got_aud = model._encode("image", images), model._encode("audio", clips)
-            for got, want in zip(got_img + got_aud, want_img + want_aud, strict=True):
-                assert got.dtype == want.dtype and got.device == want.device and torch.equal(got, want)
+    from vllm_model.logs import LOGGER
+
+    shown = logging.getLogger(f"{LOGGER}.model")  # under vLLM's logger, which does not propagate: listen there
+    shown.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger=shown.name):
+            for _ in range(2):
+                got_img, got_aud = model._encode("image", images), model._encode("audio", clips)
+                for got, want in zip(got_img + got_aud, want_img + want_aud, strict=True):
+                    assert got.dtype == want.dtype and got.device == want.device and torch.equal(got, want)
+    finally:
+        shown.removeHandler(caplog.handler)
     assert vcalls == [2, 1] and acalls == [1, 1]  # the first round only, by shape; the repeated image once
     assert model.media_cache.hits == 1 + 6 and model.media_cache.misses == 5  # the repeat, then the second round
     assert "hits" in caplog.text and "misses" in caplog.text
