@@ -110,46 +110,51 @@ def _training() -> Any:
     return training
 
 
-def _pretrain_016(original: Callable[..., Any]) -> Callable[..., Any]:
+def _with_arguments(original: Callable[..., Any], edit: Callable[[dict[str, Any]], None]) -> Callable[..., Any]:
+    """``original`` whose bound arguments ``edit`` changes in place (by name, whatever the caller's order) first."""
     signature = inspect.signature(original)
 
     @functools.wraps(original)
-    def pretrain(*args: Any, **kwargs: Any) -> Any:
-        training = _training()
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         bound = signature.bind(*args, **kwargs)
-        a = bound.arguments
-        a["train_valid_test_dataset_provider"] = training.train_valid_test_datasets_provider
-        a["model_provider"] = training.model_provider
-        a["forward_step_func"] = training.forward_step
-        a["extra_args_provider"] = chain_extra_args(a.get("extra_args_provider"), add_apertus_args)
+        edit(bound.arguments)
         return original(*bound.args, **bound.kwargs)
 
-    return pretrain
+    return wrapper
+
+
+def _apertus_steps(a: dict[str, Any]) -> Any:
+    """The Apertus dataset provider and forward step, in ``pretrain``'s arguments; returns the training module."""
+    training = _training()
+    a["train_valid_test_dataset_provider"] = training.train_valid_test_datasets_provider
+    a["forward_step_func"] = training.forward_step
+    return training
+
+
+def _pretrain_016(original: Callable[..., Any]) -> Callable[..., Any]:
+    def edit(a: dict[str, Any]) -> None:
+        training = _apertus_steps(a)
+        a["model_provider"] = training.model_provider
+        a["extra_args_provider"] = chain_extra_args(a.get("extra_args_provider"), add_apertus_args)
+
+    return _with_arguments(original, edit)
 
 
 def _pretrain_019(original: Callable[..., Any]) -> Callable[..., Any]:
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def pretrain(*args: Any, **kwargs: Any) -> Any:
-        training = _training()
-        bound = signature.bind(*args, **kwargs)
-        a = bound.arguments
-        a["train_valid_test_dataset_provider"] = training.train_valid_test_datasets_provider
-        a["forward_step_func"] = training.forward_step
+    def edit(a: dict[str, Any]) -> None:
+        training = _apertus_steps(a)
         container = a["cfg_container"]
         if getattr(container, "model", None) is None:  # a container without a model config: the provider path
             a["model_provider"] = training.model_provider
-        else:
-            from .model_builder import ApertusModelConfig
+            return
+        from .model_builder import ApertusModelConfig
 
-            if not dataclasses.is_dataclass(container):
-                raise UpstreamChangedError(f"pretrain's config container {type(container).__name__} is not a "
-                                           "dataclass (megatron.training.config.PretrainConfigContainer)")
-            a["cfg_container"] = dataclasses.replace(container, model=ApertusModelConfig.from_config(container.model))
-        return original(*bound.args, **bound.kwargs)
+        if not dataclasses.is_dataclass(container):
+            raise UpstreamChangedError(f"pretrain's config container {type(container).__name__} is not a "
+                                       "dataclass (megatron.training.config.PretrainConfigContainer)")
+        a["cfg_container"] = dataclasses.replace(container, model=ApertusModelConfig.from_config(container.model))
 
-    return pretrain
+    return _with_arguments(original, edit)
 
 
 def _parse_and_validate_args(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -8,7 +8,6 @@ same structure for tests, and :meth:`VocabSpec.from_tokenizer_dir` reads a token
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from apertus_plugins.infra.files import read_json
 
 __all__ = [
     "CHAT_TOKENS",
@@ -263,16 +264,8 @@ class VocabSpec:
         cfg_file = path / "tokenizer_config.json"
         if not tok_file.is_file():
             raise VocabError(f"{path}: no tokenizer.json (a Hugging Face fast tokenizer directory is required)")
-        try:
-            tok = json.loads(tok_file.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise VocabError(f"{tok_file}: not valid JSON ({exc})") from exc
-        cfg: dict[str, Any] = {}
-        if cfg_file.is_file():
-            try:
-                cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as exc:
-                raise VocabError(f"{cfg_file}: not valid JSON ({exc})") from exc
+        tok = read_json(tok_file, VocabError)
+        cfg: dict[str, Any] = read_json(cfg_file, VocabError) if cfg_file.is_file() else {}
         literal_to_id, special_ids, total = _read_tokenizer_json(tok, tok_file)
         for entry in (cfg.get("added_tokens_decoder") or {}).items():
             tid, info = int(entry[0]), entry[1]

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from apertus_plugins.infra.files import read_json
+
 from .indexed import IndexedDataset, IndexedDatasetError, bin_path, idx_path
 
 __all__ = ["ManifestError", "FORMAT", "describe_dataset", "manifest_document", "write_manifest", "read_manifest",
@@ -146,10 +148,7 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ManifestError(f"{path}: no such manifest")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ManifestError(f"{path}: not valid JSON ({exc})") from exc
+    data = read_json(path, ManifestError)
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("datasets"), list):
         raise ManifestError(f"{path}: not an {FORMAT} file")
     if data.get("version") != _VERSION:

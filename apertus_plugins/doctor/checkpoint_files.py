@@ -13,6 +13,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from apertus_plugins.infra.files import read_json
+
 __all__ = ["DoctorError", "CheckpointFiles", "TOKENIZER_FILES", "token_literal"]
 
 #: The files that make up a tokenizer (compared across stages by ``--compare``).
@@ -57,10 +59,7 @@ class CheckpointFiles:
             if not f.is_file():
                 self._json[name] = None
             else:
-                try:
-                    self._json[name] = json.loads(f.read_text(encoding="utf-8"))
-                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                    raise DoctorError(f"{f}: not valid JSON ({exc})") from exc
+                self._json[name] = read_json(f, DoctorError)
         return self._json[name]
 
     def require(self, name: str) -> Any:

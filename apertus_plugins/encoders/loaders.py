@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from apertus_plugins.core.tensor_names import AUDIO_PREFIX, VISION_PREFIX
+from apertus_plugins.infra.files import read_json
 
 from .audio import AudioTokenizer, AudioTokenizerConfig
 from .precision import check_precision
@@ -104,10 +105,7 @@ def read_released_config(path: str | Path) -> dict[str, Any]:
     cfg_file = p / "config.json" if p.is_dir() else p
     if not cfg_file.is_file():
         raise CheckpointError(f"{p}: no config.json")
-    try:
-        return json.loads(cfg_file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{cfg_file}: not valid JSON ({exc})") from exc
+    return read_json(cfg_file, CheckpointError)
 
 
 def _safetensors_files(directory: Path, prefix: str) -> dict[Path, list[str]]:

@@ -50,6 +50,7 @@ from apertus_plugins.core.release import (
 from apertus_plugins.core.tensor_names import AUDIO_PREFIX, EMBEDDING, LANGUAGE_MODEL_PREFIX, LM_HEAD, VISION_PREFIX
 from apertus_plugins.core.vocab import VocabSpec
 from apertus_plugins.encoders.config import AudioTokenizerConfig, VisionTokenizerConfig
+from apertus_plugins.infra.files import read_json
 from apertus_plugins.infra.sizes import parse_size
 
 __all__ = [
@@ -374,10 +375,7 @@ def read_checkpoint_config(path: str | Path) -> CheckpointConfig:
     cfg_file = p / "config.json"
     if not cfg_file.is_file():
         raise FileNotFoundError(f"{p}: no config.json (not a checkpoint directory)")
-    try:
-        raw = json.loads(cfg_file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{cfg_file}: not valid JSON ({exc})") from exc
+    raw = read_json(cfg_file)
     if raw.get("model_type") != "apertus1p5":
         raise ValueError(f"{cfg_file}: model_type is {raw.get('model_type')!r}, expected 'apertus1p5'")
     for key in ("text_config", "vision_config", "audio_config"):
