@@ -6,72 +6,26 @@ An adapter in PEFT's on-disk format (``adapter_config.json`` + ``adapter_model.s
 the verl plugin trains (:class:`apertus_plugins.hf.modeling.Apertus1p5ForCausalLM`, module names taken
 from that class) is served by ``vllm serve --enable-lora --lora-modules adapter=DIR`` over the tiny
 checkpoint. Its greedy tokens must equal those of the checkpoint with the deltas merged into the
-released tensors (``W + scale * B @ A``, written by :func:`apertus_plugins.hf.merge.merge_text_weights`)
+released tensors (``W + scale * B @ A``, :func:`apertus_plugins.testing.lora.write_merged_checkpoint`)
 run by the same class in float32, and must differ from the base model's (the adapter is applied).
 One server start.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
-from apertus_plugins.hf.merge import merge_text_weights, tensor_files
 from apertus_plugins.hf.modeling import Apertus1p5ForCausalLM
 from apertus_plugins.infra.client import Client
+from apertus_plugins.testing.lora import write_merged_checkpoint, write_peft_adapter
 from apertus_plugins.testing.serve import CPU_ARGS, VLLMServer
 
-#: The projections a PEFT run on the text-only model targets (attention and MLP; Apertus has no gate).
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj")
 RANK, ALPHA = 8, 16
 PROMPTS = ([5, 17, 42, 99, 7, 64], [300, 12, 8, 250, 31])
 MAX_TOKENS = 12
-
-
-def write_peft_adapter(base: Path, out: Path, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Write a PEFT-format LoRA adapter for ``base``'s text-only causal LM; return the merged deltas by
-    released tensor name (``scale * B @ A``)."""
-    model = Apertus1p5ForCausalLM.from_pretrained(base, dtype=torch.float32)
-    gen = torch.Generator().manual_seed(seed)
-    tensors: dict[str, torch.Tensor] = {}
-    deltas: dict[str, torch.Tensor] = {}
-    scale = ALPHA / RANK
-    for name, module in model.named_modules():
-        if not (isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in TARGETS):
-            continue
-        out_f, in_f = module.weight.shape
-        a = torch.randn(RANK, in_f, generator=gen) / in_f**0.5
-        b = torch.randn(out_f, RANK, generator=gen) * 0.05
-        tensors[f"base_model.model.{name}.lora_A.weight"] = a.contiguous()
-        tensors[f"base_model.model.{name}.lora_B.weight"] = b.contiguous()
-        deltas[f"{name}.weight"] = scale * b @ a
-    assert len(deltas) == len(TARGETS) * model.config.text_config.num_hidden_layers
-    out.mkdir(parents=True)
-    save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
-    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": str(base),
-              "r": RANK, "lora_alpha": ALPHA, "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
-              "use_rslora": False, "use_dora": False, "modules_to_save": None, "target_modules": list(TARGETS),
-              "inference_mode": True}
-    (out / "adapter_config.json").write_text(json.dumps(config, indent=2))
-    return deltas
-
-
-def write_merged(base: Path, deltas: dict[str, torch.Tensor], work: Path) -> Path:
-    """The released checkpoint with ``W + delta`` on the released tensor names."""
-    trained: dict[str, torch.Tensor] = {}
-    for name, file in tensor_files(base).items():
-        if name.startswith("model.language_model.") or name == "lm_head.weight":
-            trained[name] = load_file(str(file))[name]
-    for name, delta in deltas.items():
-        assert name in trained, name  # the adapter's modules are the checkpoint's tensors
-        trained[name] = (trained[name].float() + delta).to(trained[name].dtype)
-    (work / "trained").mkdir()
-    save_file(trained, str(work / "trained" / "model.safetensors"), metadata={"format": "pt"})
-    return merge_text_weights(work / "trained", base, work / "merged")
 
 
 def greedy_reference(ckpt: Path, prompt: list[int], n: int) -> list[int]:
@@ -87,9 +41,8 @@ def greedy_reference(ckpt: Path, prompt: list[int], n: int) -> list[int]:
 @pytest.fixture(scope="module")
 def lora_setup(checkpoint, tmp_path_factory):
     work = tmp_path_factory.mktemp("lora")
-    deltas = write_peft_adapter(checkpoint, work / "adapter")
-    merged = write_merged(checkpoint, deltas, work)
-    return work / "adapter", merged
+    deltas = write_peft_adapter(checkpoint, work / "adapter", rank=RANK, alpha=ALPHA)
+    return work / "adapter", write_merged_checkpoint(checkpoint, deltas, work / "merged")
 
 
 @pytest.fixture(scope="module")
@@ -127,3 +80,69 @@ def test_adapter_greedy_tokens_equal_merged_weights(lora_server, lora_setup, che
     assert base == greedy_reference(checkpoint, list(prompt), MAX_TOKENS)
     assert with_adapter == greedy_reference(merged, list(prompt), MAX_TOKENS)
     assert with_adapter != base, "the adapter did not change a single greedy token"
+
+
+@pytest.fixture(scope="module")
+def vllm_model_with_lora(checkpoint):
+    """The plugin's model built from the tiny checkpoint's config with ``--enable-lora``, on one CPU rank."""
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import (
+        destroy_distributed_environment,
+        destroy_model_parallel,
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+    from vllm.engine.arg_utils import EngineArgs
+
+    import vllm_model
+    from apertus_plugins.testing.serve import free_port
+
+    vllm_model.register()
+    config = EngineArgs(model=str(checkpoint), dtype="float32", enforce_eager=True, enable_lora=True,
+                        max_lora_rank=RANK).create_engine_config()
+    with set_current_vllm_config(config):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=f"tcp://127.0.0.1:{free_port()}")
+        try:
+            initialize_model_parallel(1, 1)
+            from vllm_model.model import Apertus1p5ForConditionalGeneration
+
+            yield Apertus1p5ForConditionalGeneration(vllm_config=config)
+        finally:
+            destroy_model_parallel()
+            destroy_distributed_environment()
+
+
+def test_lora_mappings_match_the_models_modules(vllm_model_with_lora, checkpoint, tmp_path):
+    """Every module a PEFT adapter on the text-only model names is a LoRA-capable layer of the vLLM
+    model after vLLM's own renaming and packing; nothing in the media tokenizers takes LoRA."""
+    from safetensors import safe_open
+    from vllm.lora.utils import get_supported_lora_modules, parse_fine_tuned_lora_name
+    from vllm.model_executor.layers.linear import LinearBase
+    from vllm.model_executor.models.interfaces import supports_lora
+
+    model = vllm_model_with_lora
+    assert supports_lora(model)
+    supported = set(get_supported_lora_modules(model))
+    assert {"qkv_proj", "o_proj", "up_proj", "down_proj"} <= supported
+    assert not supported & {"embed_tokens", "lm_head"}  # the embedding and the text head stay frozen
+    mm = model.get_mm_mapping()
+    assert mm.language_model == ["language_model"]
+    assert set(mm.tower_model) == {"vision_tokenizer", "audio_tokenizer"}
+    assert not model.supports_tower_connector_lora
+    for name, module in model.named_modules():
+        if isinstance(module, LinearBase):
+            assert name.startswith("language_model."), f"{name}: a LoRA-capable layer outside the decoder"
+
+    write_peft_adapter(checkpoint, tmp_path / "adapter", rank=RANK, alpha=ALPHA)
+    mapper = model.hf_to_vllm_mapper.get_rename_mapper()
+    unpacked = {part: packed for packed, parts in model.packed_modules_mapping.items() for part in parts}
+    modules = dict(model.named_modules())
+    with safe_open(str(tmp_path / "adapter" / "adapter_model.safetensors"), framework="pt") as fh:
+        keys = list(fh.keys())
+    assert len(keys) == 2 * 6 * len(model.language_model.layers)
+    for key in keys:
+        target, _ = parse_fine_tuned_lora_name(key, mapper)
+        parent, leaf = target.rsplit(".", 1)
+        vllm_name = f"{parent}.{unpacked.get(leaf, leaf)}"
+        assert isinstance(modules.get(vllm_name), LinearBase), f"{key} -> {vllm_name}: not a linear layer"
