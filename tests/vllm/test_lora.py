@@ -146,3 +146,15 @@ def test_lora_mappings_match_the_models_modules(vllm_model_with_lora, checkpoint
         parent, leaf = target.rsplit(".", 1)
         vllm_name = f"{parent}.{unpacked.get(leaf, leaf)}"
         assert isinstance(modules.get(vllm_name), LinearBase), f"{key} -> {vllm_name}: not a linear layer"
+
+
+def test_an_image_request_runs_with_the_adapter(lora_server, image_part):
+    """Media go through the frozen tokenizers and the adapted decoder: the image's codes fill the prompt."""
+    payload = {"model": "adapter", "max_tokens": 4, "temperature": 0.0,
+               "messages": [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, image_part]}]}
+    text_only = {**payload, "messages": [{"role": "user", "content": "What is this?"}]}
+    with Client(lora_server.base_url, timeout=600) as client:
+        with_image = client.json("POST", "/chat/completions", payload)
+        without = client.json("POST", "/chat/completions", text_only)
+    assert with_image["usage"]["completion_tokens"] == 4
+    assert with_image["usage"]["prompt_tokens"] > without["usage"]["prompt_tokens"] + 16
