@@ -43,7 +43,8 @@ from vllm.model_executor.layers.activation import XIELU
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 from vllm.model_executor.models.apertus import ApertusModel
-from vllm.model_executor.models.interfaces import MultiModalEmbeddings, SupportsMultiModal, SupportsPP
+from vllm.model_executor.models.interfaces import MultiModalEmbeddings, SupportsLoRA, SupportsMultiModal, SupportsPP
+from vllm.model_executor.models.module_mapping import MultiModelKeys
 from vllm.model_executor.models.utils import AutoWeightsLoader, WeightsMapper, maybe_prefix
 from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.sequence import IntermediateTensors
@@ -80,8 +81,17 @@ def _config_dict(config: object) -> dict:
     info=Apertus1p5ProcessingInfo,
     dummy_inputs=Apertus1p5DummyInputsBuilder,
 )
-class Apertus1p5ForConditionalGeneration(nn.Module, SupportsMultiModal, SupportsPP):
-    """Apertus 1.5: text, images and audio as tokens of one vocabulary; logits over text ids."""
+class Apertus1p5ForConditionalGeneration(nn.Module, SupportsMultiModal, SupportsPP, SupportsLoRA):
+    """Apertus 1.5: text, images and audio as tokens of one vocabulary; logits over text ids.
+
+    LoRA (``vllm serve ... --enable-lora --lora-modules NAME=DIR``): adapters apply to the decoder's
+    linear projections (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``up_proj``, ``down_proj``;
+    q/k/v packed into ``qkv_proj``) under ``language_model``. An adapter saved by PEFT on the text-only
+    :class:`~apertus_plugins.hf.modeling.Apertus1p5ForCausalLM` names them
+    ``base_model.model.model.language_model.layers.N...``; :attr:`hf_to_vllm_mapper` renames them to
+    this model's modules. The vision and audio tokenizers stay frozen (no LoRA: :meth:`get_mm_mapping`
+    names them as towers and tower LoRA is off), and so do the embedding and the text head.
+    """
 
     hf_to_vllm_mapper = WeightsMapper(
         orig_to_new_stacked={
@@ -96,6 +106,11 @@ class Apertus1p5ForConditionalGeneration(nn.Module, SupportsMultiModal, Supports
         },
     )
     packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+    # LoRA on the decoder's linear layers only: the embedding (every vocabulary row) and the text head
+    # keep their weights, so no embedding module is adapted
+    embedding_modules: dict[str, str] = {}
+    # the media tokenizers are frozen: vLLM's tower/connector LoRA stays off for them
+    supports_tower_connector_lora = False
 
     @classmethod
     def get_placeholder_str(cls, modality: str, i: int) -> str | None:
@@ -138,6 +153,11 @@ class Apertus1p5ForConditionalGeneration(nn.Module, SupportsMultiModal, Supports
 
     def get_language_model(self) -> nn.Module:
         return self.language_model
+
+    def get_mm_mapping(self) -> MultiModelKeys:
+        """The decoder takes LoRA adapters; the vision and audio tokenizers are towers (frozen)."""
+        return MultiModelKeys.from_string_field(language_model="language_model",
+                                                tower_model=["vision_tokenizer", "audio_tokenizer"])
 
     # ------------------------------------------------------------------ media
     @staticmethod
