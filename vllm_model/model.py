@@ -62,7 +62,7 @@ from apertus_plugins.encoders.cache import MediaCodeCache, forget_fingerprint
 from .logs import get_logger
 from .processing import Apertus1p5DummyInputsBuilder, Apertus1p5MultiModalProcessor, Apertus1p5ProcessingInfo
 
-__all__ = ["Apertus1p5ForConditionalGeneration", "CODES_LOG_ENV", "CACHE_LOG_EVERY"]
+__all__ = ["Apertus1p5ForConditionalGeneration", "CODES_LOG_ENV", "CACHE_LOG_EVERY", "DRAFT_PREFIX"]
 
 logger = get_logger(__name__)  # under vLLM's `vllm` logger: shown by `vllm serve`
 
@@ -70,6 +70,8 @@ logger = get_logger(__name__)  # under vLLM's `vllm` logger: shown by `vllm serv
 CODES_LOG_ENV = "APERTUS_VLLM_CODES_LOG"
 #: With the media-code cache on, its counts are logged each time this many more items were looked up.
 CACHE_LOG_EVERY = 100
+#: The prefix vLLM's draft-model proposer builds its draft under (``vllm/v1/spec_decode/draft_model.py``).
+DRAFT_PREFIX = "draft_model"
 
 
 def _config_dict(config: object) -> dict:
@@ -146,6 +148,13 @@ class Apertus1p5ForConditionalGeneration(nn.Module, SupportsMultiModal, Supports
             self.logits_processor = LogitsProcessor(self.output_vocab_size)
 
         self.make_empty_intermediate_tensors = self.language_model.make_empty_intermediate_tensors
+        if prefix.split(".")[0] == DRAFT_PREFIX:
+            # As the draft of a speculating server, vLLM's draft-model proposer would hand this model the
+            # target's placeholder mask for one token fewer than it drafts on (IndexError in
+            # _merge_multimodal_embeddings, the engine dies); a draft without media embeddings is given the
+            # ids alone (the placeholders' own rows). The target's verification keeps the greedy tokens exact.
+            self.supports_multimodal_embeddings = False
+            logger.info("apertus: serving as a draft model: media drafted from their placeholder ids")
         self.media_cache = MediaCodeCache.from_env()  # APERTUS_MEDIA_CACHE; None (off) by default
         self._cache_logged = 0
         if self.media_cache is not None:

