@@ -39,7 +39,7 @@ from vllm.renderers.chat_utils import make_tool_call_id
 from vllm.tool_parsers import ToolParser
 
 from apertus_plugins.core.chat import parse_output
-from apertus_plugins.core.chat.parse import CALL_CLOSE, CALL_OPEN, THINK_CLOSE, THINK_OPEN
+from apertus_plugins.core.chat.parse import CALL_CLOSE, CALL_OPEN, THINK_CLOSE, THINK_OPEN, find_markers, holdback
 from apertus_plugins.core.vocab import CHAT_TOKENS, default_spec
 
 __all__ = ["ApertusReasoningParser", "ApertusToolParser", "is_apertus_1p5_tokenizer", "render_calls"]
@@ -55,13 +55,7 @@ def render_calls(calls: Sequence[Any]) -> str:
 
 def _holdback(text: str) -> int:
     """Length of the longest suffix of ``text`` that is a proper prefix of a delimiter."""
-    best = 0
-    for mk in _MARKERS:
-        for n in range(min(len(mk) - 1, len(text)), 0, -1):
-            if text.endswith(mk[:n]):
-                best = max(best, n)
-                break
-    return best
+    return holdback(text, _MARKERS)
 
 
 def _token_id(tokenizer: Any, name: str) -> int:
@@ -188,9 +182,9 @@ class ApertusReasoningParser(ReasoningParser):
                 return None, None  # may still become an opener
             return None, text
         rest = text[len(opener):]
-        ends = [(rest.find(mk), mk) for mk in THINK_CLOSE + (CALL_OPEN,) if rest.find(mk) >= 0]
-        if ends:
-            pos, mk = min(ends)
+        end = next(find_markers(rest, THINK_CLOSE + (CALL_OPEN,)), None)
+        if end is not None:
+            pos, mk = end
             return rest[:pos], rest[pos + len(mk):] if mk in THINK_CLOSE else rest[pos:]
         keep = 0 if final else _holdback(rest)
         return rest[: len(rest) - keep], None

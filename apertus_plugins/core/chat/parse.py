@@ -25,15 +25,17 @@ span. :func:`parse_output` and :class:`StreamingParser` read the delimiters the 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from apertus_plugins.core.vocab import CHAT_TOKENS
 
-__all__ = ["ParsedOutput", "StreamingParser", "ToolCall", "ToolCallError", "parse_output", "read_output",
-           "visible_answer"]
+__all__ = ["ParsedOutput", "StreamingParser", "ToolCall", "ToolCallError", "find_markers", "holdback", "parse_output",
+           "read_output", "visible_answer", "THINK_OPEN", "THINK_CLOSE", "THINK_DELIMITERS"]
 
 THINK_OPEN = (CHAT_TOKENS["inner_prefix"][0], "<think>")
 THINK_CLOSE = (CHAT_TOKENS["inner_suffix"][0], "</think>")
@@ -41,8 +43,9 @@ CALL_OPEN = CHAT_TOKENS["tools_prefix"][0]
 CALL_CLOSE = CHAT_TOKENS["tools_suffix"][0]
 TURN_END = CHAT_TOKENS["assistant_end"][0]
 EOS = CHAT_TOKENS["eos"][0]
-_MARKERS = THINK_OPEN + THINK_CLOSE + (CALL_OPEN, CALL_CLOSE, TURN_END, EOS)
-_OPEN_CLOSE = re.compile("|".join(re.escape(m) for m in sorted(THINK_OPEN + THINK_CLOSE, key=len, reverse=True)))
+#: Both surface forms of both thinking delimiters.
+THINK_DELIMITERS = THINK_OPEN + THINK_CLOSE
+_MARKERS = THINK_DELIMITERS + (CALL_OPEN, CALL_CLOSE, TURN_END, EOS)
 
 
 @dataclass
@@ -113,16 +116,37 @@ def _extract_calls(text: str, in_thinking: bool, calls: list[ToolCall], errors: 
     return "".join(out)
 
 
-def _find_markers(text: str) -> Any:
-    """``(position, marker)`` of every delimiter in ``text``, left to right (the longest at one position)."""
-    pos = 0
-    while True:
-        hits = [(i, mk) for mk in _MARKERS if (i := text.find(mk, pos)) >= 0]
-        if not hits:
-            return
-        i, mk = min(hits, key=lambda h: (h[0], -len(h[1])))
-        yield i, mk
-        pos = i + len(mk)
+@functools.lru_cache(maxsize=16)
+def _pattern(markers: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile("|".join(re.escape(m) for m in sorted(markers, key=len, reverse=True)))
+
+
+def find_markers(text: str, markers: tuple[str, ...] = _MARKERS, start: int = 0) -> Iterator[tuple[int, str]]:
+    """``(position, marker)`` of every one of ``markers`` in ``text`` from ``start``, left to right.
+
+    The one scanner of the output syntax: the parsers, the streaming parser, the template's reading of
+    inline thinking spans and the offline pipeline's reasoning stripper all find delimiters with it. At
+    one position the longest marker wins; matches do not overlap; linear in the text's length.
+    """
+    for m in _pattern(tuple(markers)).finditer(text, start):
+        yield m.start(), m.group()
+
+
+def holdback(text: str, markers: tuple[str, ...] = _MARKERS) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of one of ``markers`` (a streamed
+    delimiter not yet complete: the part to hold back)."""
+    best = 0
+    for mk in markers:
+        for n in range(min(len(mk) - 1, len(text)), 0, -1):
+            if text.endswith(mk[:n]):
+                best = max(best, n)
+                break
+    return best
+
+
+def _without(text: str, markers: tuple[str, ...]) -> str:
+    """``text`` with every one of ``markers`` removed."""
+    return _pattern(tuple(markers)).sub("", text)
 
 
 def _layout(text: str) -> tuple[int, tuple[int, int] | None, tuple[int, int] | None]:
@@ -133,7 +157,7 @@ def _layout(text: str) -> tuple[int, tuple[int, int] | None, tuple[int, int] | N
     mode, call_in_thinking = "content", False
     opened: tuple[int, int] | None = None
     closed: tuple[int, int] | None = None
-    for i, mk in _find_markers(text):
+    for i, mk in find_markers(text):
         if mode == "call":
             if mk == CALL_CLOSE:
                 mode = "reasoning" if call_in_thinking else "content"
@@ -187,7 +211,7 @@ def _reader_layout(text: str) -> tuple[int, tuple[int, int] | None, int | None]:
     mode, call_in_thinking = "content", False
     closed: tuple[int, int] | None = None
     opened: int | None = None
-    for i, mk in _find_markers(text):
+    for i, mk in find_markers(text):
         if mode == "call":
             if mk == CALL_CLOSE:
                 mode = "content"
@@ -230,7 +254,7 @@ def read_output(output: str | Any, tokenizer: Any = None) -> ParsedOutput:
     thinking: str | None = None
     answer = text
     if closed is not None:
-        thinking = _OPEN_CLOSE.sub("", _extract_calls(text[: closed[0]], True, calls, errors))
+        thinking = _without(_extract_calls(text[: closed[0]], True, calls, errors), THINK_DELIMITERS)
         answer = text[closed[1]:]
     if opened is not None:  # a span opened after the answer began and never closed: no answer
         at = opened - (0 if closed is None else closed[1])
@@ -256,7 +280,7 @@ class StreamingParser:
     complete. Concatenating the events gives the same result as :func:`parse_output` on the whole.
     """
 
-    _MARKERS = THINK_OPEN + THINK_CLOSE + (CALL_OPEN, CALL_CLOSE, TURN_END, EOS)
+    _MARKERS = _MARKERS
 
     def __init__(self) -> None:
         self._pending = ""
@@ -268,14 +292,7 @@ class StreamingParser:
         self._seen_think = False
 
     def _holdback(self, text: str) -> int:
-        """Length of the longest suffix of ``text`` that is a proper prefix of some marker."""
-        best = 0
-        for mk in self._MARKERS:
-            for n in range(min(len(mk) - 1, len(text)), 0, -1):
-                if text.endswith(mk[:n]):
-                    best = max(best, n)
-                    break
-        return best
+        return holdback(text, self._MARKERS)
 
     def feed(self, delta: str, final: bool = False) -> list[tuple[str, Any]]:
         events: list[tuple[str, Any]] = []
@@ -284,13 +301,13 @@ class StreamingParser:
         text = self._pending + delta
         self._pending = ""
         while text:
-            hits = [(text.find(mk), mk) for mk in self._MARKERS if text.find(mk) >= 0]
-            if not hits:
+            hit = next(find_markers(text, self._MARKERS), None)
+            if hit is None:
                 keep = 0 if final else self._holdback(text)
                 self._emit(text[: len(text) - keep], events)
                 self._pending = text[len(text) - keep:]
                 break
-            pos, mk = min(hits, key=lambda h: (h[0], -len(h[1])))
+            pos, mk = hit
             self._emit(text[:pos], events)
             text = text[pos + len(mk):]
             if mk in (TURN_END, EOS) and self._mode != "call":

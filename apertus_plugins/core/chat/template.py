@@ -12,7 +12,6 @@ after :func:`normalize_messages` has checked the messages.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import cache
@@ -23,7 +22,7 @@ import numpy as np
 
 from apertus_plugins.core.vocab import VocabSpec, default_spec
 
-from .parse import THINK_CLOSE, THINK_OPEN
+from .parse import THINK_CLOSE, THINK_DELIMITERS, THINK_OPEN, find_markers
 
 __all__ = ["VARIANTS", "MAX_NESTING", "REASONING_PARTS", "ChatFormatError", "RenderOptions", "compile_template",
            "jinja_template",
@@ -324,9 +323,6 @@ def _check_assistant(m: dict[str, Any], where: str) -> None:
         _check_calls(m["tool_calls"], f"{where}, tool_calls")
 
 
-_DELIMITERS = re.compile("|".join(re.escape(d) for d in THINK_OPEN + THINK_CLOSE))
-
-
 def _inline_blocks(text: str) -> list[dict[str, Any]]:
     """Assistant text with thinking spans written into it, as ``thoughts`` and ``response`` blocks.
 
@@ -336,10 +332,9 @@ def _inline_blocks(text: str) -> list[dict[str, Any]]:
     """
     blocks: list[dict[str, Any]] = []
     inside, closed, cur, pos = False, False, "", 0
-    for m in _DELIMITERS.finditer(text):
-        cur += text[pos:m.start()]
-        pos = m.end()
-        lit = m.group()
+    for at, lit in find_markers(text, THINK_DELIMITERS):
+        cur += text[pos:at]
+        pos = at + len(lit)
         if not inside and lit in THINK_OPEN:
             if cur or closed:  # a response, or the empty one that closes the span before
                 blocks.append({"type": "response", "text": cur})

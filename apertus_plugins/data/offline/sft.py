@@ -15,15 +15,18 @@ is rendered with deliberation disabled. Everything else is identical, media code
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from apertus_plugins.core.chat.parse import THINK_CLOSE, THINK_OPEN
+from apertus_plugins.core.chat.parse import THINK_CLOSE, THINK_OPEN, find_markers
 
 __all__ = ["has_reasoning", "strip_reasoning"]
 
-_OPEN = re.compile("|".join(re.escape(s) for s in THINK_OPEN))
-_CLOSE = re.compile("|".join(re.escape(s) for s in THINK_CLOSE))
+
+
+def _next(text: str, delimiters: tuple[str, ...], start: int = 0) -> tuple[int, int] | None:
+    """Start and end of the first of ``delimiters`` in ``text`` from ``start`` (the core's scanner)."""
+    hit = next(find_markers(text, delimiters, start), None)
+    return None if hit is None else (hit[0], hit[0] + len(hit[1]))
 
 
 def _texts(content: Any) -> list[str]:
@@ -46,7 +49,7 @@ def has_reasoning(messages: list[dict[str, Any]]) -> bool:
         content = m.get("content")
         if isinstance(content, dict) and any(b.get("type") == "thoughts" for b in content.get("blocks", [])):
             return True
-        if any(_OPEN.search(t) for t in _texts(content)):
+        if any(_next(t, THINK_OPEN) for t in _texts(content)):
             return True
     return False
 
@@ -62,17 +65,17 @@ class _Stripper:
         pos = 0
         while pos <= len(s):
             if self.inside:
-                m = _CLOSE.search(s, pos)
+                m = _next(s, THINK_CLOSE, pos)
                 if m is None:
                     return "".join(out)
-                pos, self.inside = m.end(), False
+                pos, self.inside = m[1], False
             else:
-                m = _OPEN.search(s, pos)
+                m = _next(s, THINK_OPEN, pos)
                 if m is None:
                     out.append(s[pos:])
                     return "".join(out)
-                out.append(s[pos : m.start()])
-                pos, self.inside = m.end(), True
+                out.append(s[pos : m[0]])
+                pos, self.inside = m[1], True
         return "".join(out)
 
 
