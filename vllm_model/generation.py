@@ -13,12 +13,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from apertus_plugins.core.release import STOP_TOKENS
 from apertus_plugins.core.vocab import VocabError, VocabSpec, default_spec
+from apertus_plugins.infra.files import write_text_atomic
 
 from .logs import get_logger
 
@@ -60,11 +60,7 @@ def _write_config(data: dict[str, Any]) -> Path:
     folder = _cache_dir() / hashlib.sha256(text.encode()).hexdigest()[:16]
     target = folder / "generation_config.json"
     if not target.is_file():
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, target)
+        write_text_atomic(target, text)
     return folder
 
 

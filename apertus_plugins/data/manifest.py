@@ -17,12 +17,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from apertus_plugins.infra.files import read_json
+from apertus_plugins.infra.files import read_json, write_text_atomic
 
 from .indexed import IndexedDataset, IndexedDatasetError, bin_path, idx_path
 
@@ -127,19 +126,7 @@ def write_manifest(
                 entry["metadata"] = metadata[p]
             entries.append(entry)
     manifest = manifest_document(entries)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(manifest, fh, indent=2)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(out, json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 

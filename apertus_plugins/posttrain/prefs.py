@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from apertus_plugins.infra.files import write_text_atomic
+
 __all__ = [
     "ASPECTS",
     "SYSTEM_PROMPT",
@@ -435,15 +437,9 @@ def build_preference_pairs(items: Sequence[PoolItem], judge: Any, out_dir: str |
         pairs = _pairs(items, aspects, journal, summary, min_margin)
     finally:
         journal.close()
-    tmp = out / (PAIRS_FILE + ".tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        for p in pairs:
-            fh.write(json.dumps(p, ensure_ascii=False) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, out / PAIRS_FILE)
+    write_text_atomic(out / PAIRS_FILE, "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in pairs))
     summary.seconds = round(time.monotonic() - t0, 3)
-    (out / SUMMARY_FILE).write_text(json.dumps(summary.__dict__, indent=2) + "\n", encoding="utf-8")
+    write_text_atomic(out / SUMMARY_FILE, json.dumps(summary.__dict__, indent=2) + "\n")
     return summary
 
 

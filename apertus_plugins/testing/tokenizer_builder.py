@@ -11,14 +11,13 @@ the released one through the same code paths.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections import Counter
 from pathlib import Path
 
 from apertus_plugins import plugins
 from apertus_plugins.core.release import CONTEXT_LENGTH
 from apertus_plugins.core.vocab import ALIASES, CHAT_TOKENS, LEGACY_REWRITES, NON_SPECIAL_CHAT, VocabSpec
+from apertus_plugins.infra.files import write_text_atomic
 
 __all__ = ["build_test_tokenizer", "byte_to_unicode", "SAMPLE_CORPUS"]
 
@@ -82,13 +81,6 @@ def _learn_merges(corpus: str, n_merges: int) -> list[tuple[str, str]]:
             merged[tuple(out)] += count
         words = merged
     return merges
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
 
 
 def build_test_tokenizer(out_dir: str | Path, spec: VocabSpec | None = None, n_merges: int | None = None,
@@ -178,7 +170,7 @@ def build_test_tokenizer(out_dir: str | Path, spec: VocabSpec | None = None, n_m
     if tok.get_vocab_size(with_added_tokens=True) != spec.size:
         raise AssertionError(f"builder bug: {tok.get_vocab_size(with_added_tokens=True)} entries, spec {spec.size}")
 
-    _atomic_write(out / "tokenizer.json", tok.to_str())
+    write_text_atomic(out / "tokenizer.json", tok.to_str())
     media = {
         "image_token": spec.literal("image"),
         "audio_token": spec.literal("audio"),
@@ -206,14 +198,14 @@ def build_test_tokenizer(out_dir: str | Path, spec: VocabSpec | None = None, n_m
         "sft_eot_token": spec.literal("assistant_end"),
         "sft_user_begin_sequence": spec.literal("user_start"),
     }
-    _atomic_write(out / "tokenizer_config.json", json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    write_text_atomic(out / "tokenizer_config.json", json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     special_map = {"bos_token": bos, "eos_token": eos, "unk_token": config["unk_token"],
                    "pad_token": config["pad_token"]}
-    _atomic_write(out / "special_tokens_map.json", json.dumps(special_map, indent=2) + "\n")
+    write_text_atomic(out / "special_tokens_map.json", json.dumps(special_map, indent=2) + "\n")
     if with_templates:
         from apertus_plugins.core.chat.template import jinja_template
 
-        _atomic_write(out / "chat_template.jinja", jinja_template("inference", spec))
+        write_text_atomic(out / "chat_template.jinja", jinja_template("inference", spec))
         (out / "additional_chat_templates").mkdir(exist_ok=True)
-        _atomic_write(out / "additional_chat_templates" / "training.jinja", jinja_template("training", spec))
+        write_text_atomic(out / "additional_chat_templates" / "training.jinja", jinja_template("training", spec))
     return out

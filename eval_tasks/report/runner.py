@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from apertus_plugins.infra.files import write_text_atomic
 from eval_tasks.catalogue import SUITES, Benchmark, by_id, load, suite
 
 from .render import Line, markdown, part_of, svg
@@ -381,9 +382,7 @@ def run(opts: Options, only: Sequence[str] = ()) -> Path:
     report = opts.output / "report.md"
     for path, text in ((report, markdown(table, header)),
                        (opts.output / "report.svg", svg(table, f"Apertus 1.5 ({served.name}) vs the report: {opts.suite}"))):
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        write_text_atomic(path, text)
     write_json(opts.output / "report.json", {"header": header, "rows": [
         {**{k: v for k, v in asdict(line).items() if k not in ("benchmark", "reference")}, "benchmark": line.benchmark.id,
          "reference": asdict(line.reference) if line.reference else None} for line in table]})

@@ -21,25 +21,19 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from apertus_plugins.infra.files import write_text_atomic
+
 __all__ = ["main", "write_json"]
 
 
 def write_json(path: Path, value: Any) -> None:
     """``value`` as JSON at ``path``, complete or not at all (a temporary file renamed into place)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(value, indent=1, sort_keys=True, default=str, ensure_ascii=False) + "\n",
-                   encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(value, indent=1, sort_keys=True, default=str, ensure_ascii=False) + "\n")
 
 
 def _write_samples(path: Path, samples: dict[str, list[Any]] | None) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for task, rows in (samples or {}).items():
-            for row in rows:
-                fh.write(json.dumps({"task": task, **row}, default=str, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(json.dumps({"task": task, **row}, default=str, ensure_ascii=False) + "\n"
+                                    for task, rows in (samples or {}).items() for row in rows))
 
 
 def _emit(events: Path, **event: Any) -> None:
