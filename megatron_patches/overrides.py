@@ -458,6 +458,23 @@ def _original(fn: Any) -> Any:
     return getattr(fn, "__apertus_original__", fn)
 
 
+def digest_problem(override: Override, version: str) -> str | None:
+    """What to do when ``override``'s upstream function on megatron-core ``version`` is not the source the
+    wrapper was written against (not checked on that version, or its digest differs); None when it is.
+
+    The suites of each supported version call it for every override that applies there.
+    """
+    digest = source_digest(check(override))
+    if version not in override.checked:
+        return (f"{override.target} was not checked on megatron-core {version} (only {sorted(override.checked)}): "
+                f"read it, check what the wrapper relies on ({override.does}), then add {version!r}: {digest!r}")
+    if digest != override.checked[version]:
+        return (f"{override.target} changed in megatron-core {version}: source digest {digest}, the override was "
+                f"written against {override.checked[version]}. Re-read it, check what the wrapper relies on "
+                f"({override.does}), then record the new digest")
+    return None
+
+
 def check(override: Override, fn: Any | None = None) -> Any:
     """The upstream function of ``override`` (or ``fn``), checked to take the parameters the wrapper binds.
 
