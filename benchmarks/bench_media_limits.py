@@ -74,25 +74,14 @@ def _before(data: bytes):
     from PIL import Image, ImageOps
 
     from apertus_plugins.core.media import image as mi
+    from apertus_plugins.testing.references import tap_loop_resize
 
     img = ImageOps.exif_transpose(Image.open(io.BytesIO(data)))
     img.load()
     rgb = np.asarray(img.convert("RGB"), dtype=np.uint8)
 
-    def tap_loop(arr, out_size, axis):
-        in_size = arr.shape[axis]
-        if in_size == out_size:
-            return arr
-        xmin, w, prec = mi._aa_bicubic_weights(in_size, out_size)
-        src = np.moveaxis(arr, axis, 0).astype(np.int32)
-        acc = np.full((out_size,) + src.shape[1:], 1 << (prec - 1), dtype=np.int32)
-        shape = (out_size,) + (1,) * (src.ndim - 1)
-        for j in range(w.shape[1]):
-            acc += src[np.minimum(xmin + j, in_size - 1)] * w[:, j].astype(np.int32).reshape(shape)
-        return np.moveaxis(np.clip(acc >> prec, 0, 255).astype(np.uint8), 0, axis)
-
     h, w = mi.resized_size(rgb.shape[0], rgb.shape[1])
-    return mi.normalize_pixels(tap_loop(tap_loop(rgb, w, 1), h, 0)).transpose(2, 0, 1)
+    return mi.normalize_pixels(tap_loop_resize(tap_loop_resize(rgb, w, 1), h, 0)).transpose(2, 0, 1)
 
 
 def _after(data: bytes):

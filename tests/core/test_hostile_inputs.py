@@ -25,6 +25,7 @@ from PIL import Image
 from apertus_plugins.core.chat import ChatFormatError, ChatTokenizer, render
 from apertus_plugins.core.media import audio, image
 from apertus_plugins.core.media.limits import DEFAULT_LIMITS, MediaLimits, prereduce_factor
+from apertus_plugins.testing.references import tap_loop_resize
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                          HealthCheck.too_slow])
@@ -105,17 +106,6 @@ def test_arrays_of_any_shape_and_dtype_are_an_image_or_an_image_error(shape, dty
 def test_the_chunked_resize_is_bit_identical_to_the_tap_loop(monkeypatch):
     """The exact resize runs in chunks of whole rows (bounded memory): any chunking, any size, the
     same bytes as the straightforward int32 tap loop of torch's fixed-point antialiased bicubic."""
-    def tap_loop(arr, out_size, axis):
-        in_size = arr.shape[axis]
-        if in_size == out_size:
-            return arr
-        xmin, w, prec = image._aa_bicubic_weights(in_size, out_size)
-        src = np.moveaxis(arr, axis, 0).astype(np.int32)
-        acc = np.full((out_size,) + src.shape[1:], 1 << (prec - 1), dtype=np.int32)
-        for j in range(w.shape[1]):
-            acc += src[np.minimum(xmin + j, in_size - 1)] * w[:, j].astype(np.int32).reshape((-1,) + (1,) * (src.ndim - 1))
-        return np.moveaxis(np.clip(acc >> prec, 0, 255).astype(np.uint8), 0, axis)
-
     rng = np.random.default_rng(5)
     for chunk in (1, 97, 1 << 22):
         monkeypatch.setattr(image, "_CHUNK_ELEMENTS", chunk)
@@ -123,7 +113,7 @@ def test_the_chunked_resize_is_bit_identical_to_the_tap_loop(monkeypatch):
             h, w = (int(v) for v in rng.integers(1, 300, 2))
             rgb = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
             size = (int(rng.integers(1, 400)), int(rng.integers(1, 400)))
-            want = tap_loop(tap_loop(rgb, size[1], 1), size[0], 0)
+            want = tap_loop_resize(tap_loop_resize(rgb, size[1], 1), size[0], 0)
             assert np.array_equal(image._torch_aa_bicubic(rgb, size), want), (h, w, size, chunk)
 
 
