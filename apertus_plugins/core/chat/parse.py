@@ -149,6 +149,15 @@ def _without(text: str, markers: tuple[str, ...]) -> str:
     return _pattern(tuple(markers)).sub("", text)
 
 
+def _as_text(output: str | Any, tokenizer: Any, who: str, verb: str) -> str:
+    """A generation as text: ``output`` itself, or its ids decoded by ``tokenizer``."""
+    if isinstance(output, str):
+        return output
+    if tokenizer is None:
+        raise ValueError(f"{who}: a tokenizer is needed to {verb} ids")
+    return tokenizer.decode([int(i) for i in output])
+
+
 def _layout(text: str) -> tuple[int, tuple[int, int] | None, tuple[int, int] | None]:
     """Where the output ends and the thinking span opens and closes, as :class:`StreamingParser` reads them.
 
@@ -177,10 +186,7 @@ def _layout(text: str) -> tuple[int, tuple[int, int] | None, tuple[int, int] | N
 
 def parse_output(output: str | Any, tokenizer: Any = None) -> ParsedOutput:
     """Parse a generation given as text or as ids (then ``tokenizer`` decodes them)."""
-    if not isinstance(output, str):
-        if tokenizer is None:
-            raise ValueError("parse_output: a tokenizer is needed to parse ids")
-        output = tokenizer.decode([int(i) for i in output])
+    output = _as_text(output, tokenizer, "parse_output", "parse")
     end, opened, closed = _layout(output)
     text = output[:end]
     calls: list[ToolCall] = []
@@ -243,10 +249,7 @@ def read_output(output: str | Any, tokenizer: Any = None) -> ParsedOutput:
     closing delimiter (a stream cannot wait for a later one). They agree with this function
     whenever the output holds at most one thinking span, at its start.
     """
-    if not isinstance(output, str):
-        if tokenizer is None:
-            raise ValueError("read_output: a tokenizer is needed to read ids")
-        output = tokenizer.decode([int(i) for i in output])
+    output = _as_text(output, tokenizer, "read_output", "read")
     end, closed, opened = _reader_layout(output)
     text = output[:end]
     calls: list[ToolCall] = []
