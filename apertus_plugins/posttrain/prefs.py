@@ -36,6 +36,8 @@ from typing import Any
 
 from apertus_plugins.infra.files import write_text_atomic
 
+from .judges import PROMPT_SECTION, RESPONSE_SECTION
+
 __all__ = [
     "ASPECTS",
     "SYSTEM_PROMPT",
@@ -56,19 +58,8 @@ user prompt on one aspect at a time, following the rubric you are given for that
 Judge the response as written: its length, its style or the identity of its author earn no credit by \
 themselves. Answer with a single digit from 1 to 5 and nothing else."""
 
-_FRAME = """Aspect: {aspect}
-
-{rubric}
-
-<user_prompt>
-{prompt}
-</user_prompt>
-
-<assistant_response>
-{response}
-</assistant_response>
-
-Rate the response's {aspect} with one digit from 1 to 5."""
+_FRAME = "\n\n".join(["Aspect: {aspect}", "{rubric}", PROMPT_SECTION, RESPONSE_SECTION,
+                       "Rate the response's {aspect} with one digit from 1 to 5."])
 
 #: aspect -> rubric (the report's four aspects, section 4.6.1: truthfulness, helpfulness, honesty,
 #: instruction following; a 1..5 scale each)
