@@ -24,6 +24,7 @@ encoder's width.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -103,6 +104,30 @@ def run_worker(mode: str, width: int, size: int, seed: int) -> dict:
 
 
 # ---------------------------------------------------------------------- throughput
+@contextlib.contextmanager
+def background_load(processes: int):
+    """``processes`` busy-looping Python processes (one core each) for the duration of the block."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    try:
+        if procs:
+            time.sleep(1.0)
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def _threads() -> int:
+    import torch
+
+    try:
+        from apertus_plugins.encoders import planned_threads
+    except ImportError:  # a checkout from before the thread policy (for "before" columns)
+        return torch.get_num_threads()
+    return planned_threads()
+
+
 def _ab(ours, port, repeat: int) -> tuple[float, float, object, object]:
     """Best-of-``repeat`` seconds of ``ours`` and ``port``, alternating runs (fair under a varying load)."""
     best = [float("inf"), float("inf")]
@@ -141,11 +166,11 @@ def bench_vision(width: int, repeat: int, seed: int) -> list[dict]:
         lambda: [port_image_codes(port, torch.from_numpy(p.pixels)[None])[0].numpy() for p in pres], repeat)
     same = all(np.array_equal(a, b) for a, b in zip(ours, ref, strict=True))
     rows.append({"what": f"images, one per call ({len(pres)} shapes, {', '.join(f'{p.height}x{p.width}' for p in pres)})",
-                 "ours": len(pres) / t_ours, "port": len(pres) / t_port, "identical": same})
+                 "ours": len(pres) / t_ours, "port": len(pres) / t_port, "identical": same, "threads": _threads()})
     batch = torch.from_numpy(np.stack([pres[0].pixels] * 4))
     t_ours, t_port, ours_b, ref_b = _ab(lambda: tok.encode(batch), lambda: port_image_codes(port, batch), repeat)
     rows.append({"what": "images, batch of 4 at 256x256", "ours": 4 / t_ours, "port": 4 / t_port,
-                 "identical": bool(torch.equal(ours_b, ref_b))})
+                 "identical": bool(torch.equal(ours_b, ref_b)), "threads": _threads()})
     return rows
 
 
@@ -172,11 +197,11 @@ def bench_audio(repeat: int, seed: int) -> list[dict]:
         lambda: [port_audio_codes(port, torch.from_numpy(c)[None])[0].numpy() for c in clips], 3 * repeat)
     rows.append({"what": f"clips, one per call ({len(clips)} clips, {sum(lengths) / 24_000:.1f} s)",
                  "ours": len(clips) / t_ours, "port": len(clips) / t_port,
-                 "identical": all(np.array_equal(a, b) for a, b in zip(ours, ref, strict=True))})
+                 "identical": all(np.array_equal(a, b) for a, b in zip(ours, ref, strict=True)), "threads": _threads()})
     batch = torch.from_numpy(np.stack([clips[2]] * 4))
     t_ours, t_port, ours_b, ref_b = _ab(lambda: tok.encode(batch), lambda: port_audio_codes(port, batch), 3 * repeat)
     rows.append({"what": "clips, batch of 4 at 5 s", "ours": 4 / t_ours, "port": 4 / t_port,
-                 "identical": bool(torch.equal(ours_b, ref_b))})
+                 "identical": bool(torch.equal(ours_b, ref_b)), "threads": _threads()})
     return rows
 
 
@@ -190,6 +215,9 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2, help="timed repetitions (best of)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-throughput", action="store_true")
+    ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument("--loads", default="0,1",
+                    help="comma-separated numbers of busy background processes, one throughput pass each (default 0,1)")
     ap.add_argument("--memory-worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.memory_worker:
@@ -198,14 +226,27 @@ def main() -> int:
 
     import torch
 
+    loads = [int(v) for v in args.loads.split(",") if v.strip()]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs")
     if not args.skip_throughput:
         print(f"\n== throughput (vision: released architecture at width {args.vision_width}, 131,072 x 256 codebook; "
               "audio: released WavTokenizer) ==")
-        print(f"{'':58s} {'ours/s':>9s} {'port/s':>9s} {'ratio':>6s}  codes")
-        for row in bench_vision(args.vision_width, args.repeat, args.seed) + bench_audio(args.repeat, args.seed):
-            print(f"{row['what']:58s} {row['ours']:9.3f} {row['port']:9.3f} {row['ours'] / row['port']:6.2f}  "
-                  f"{'identical' if row['identical'] else 'DIFFER'}")
+        print("items/s, best of alternating runs; 'load N': N busy processes beside the benchmark; "
+              "threads: what this encoder used on its last call")
+        table: dict[str, dict[int, dict]] = {}
+        for load in loads:
+            with background_load(load):
+                for row in bench_vision(args.vision_width, args.repeat, args.seed) + bench_audio(args.repeat, args.seed):
+                    table.setdefault(row["what"], {})[load] = row
+        head = "".join(f" | {'load ' + str(n):>7s} {'ours/s':>8s} {'port/s':>8s} {'ratio':>6s} {'thr':>3s}" for n in loads)
+        print(f"{'':56s}{head}  codes")
+        for what, by_load in table.items():
+            cells = "".join(f" | {'':7s} {r['ours']:8.3f} {r['port']:8.3f} {r['ours'] / r['port']:6.2f} {r['threads']:3d}"
+                            for r in (by_load[n] for n in loads))
+            same = all(r["identical"] for r in by_load.values())
+            print(f"{what[:56]:56s}{cells}  {'identical' if same else 'DIFFER'}")
+    if args.skip_memory:
+        return 0
 
     print(f"\n== peak memory of one {args.memory_size}x{args.memory_size} image (encoder width {args.memory_width}, "
           "codebook 131,072 x 256; fresh process each) ==")

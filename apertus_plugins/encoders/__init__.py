@@ -33,7 +33,7 @@ _LAZY = {
     "group_by_shape": "api", "shape_of": "api", "encode_images": "api", "encode_audio": "api",
     "image_ids": "api", "audio_ids": "api",
     "Precision": "precision", "PRECISIONS": "precision", "PrecisionError": "precision",
-    "precision_scope": "precision",
+    "precision_scope": "precision", "encode_threads": "threads", "planned_threads": "threads",
     "CheckpointError": "loaders", "FORMATS": "loaders", "detect_format": "loaders",
     "load_vision_tokenizer": "loaders", "load_audio_tokenizer": "loaders", "load_media_tokenizers": "loaders",
     "read_emu35_config": "loaders", "infer_wavtokenizer_config": "loaders",
@@ -45,7 +45,7 @@ __all__ = [
     "VisionTokenizerConfig", "AudioTokenizerConfig", "VisionTokenizer", "AudioTokenizer",
     "group_by_shape", "shape_of", "encode_images", "encode_audio", "image_ids", "audio_ids",
     "select_codes_by_dot_product", "select_codes_by_distance", "SCORE_BUDGET_BYTES",
-    "Precision", "PRECISIONS", "PrecisionError", "precision_scope",
+    "Precision", "PRECISIONS", "PrecisionError", "precision_scope", "encode_threads", "planned_threads",
     "CheckpointError", "FORMATS", "detect_format", "load_vision_tokenizer", "load_audio_tokenizer",
     "load_media_tokenizers", "read_emu35_config", "infer_wavtokenizer_config",
     "FlopCount", "vision_flops", "audio_flops",
@@ -68,6 +68,7 @@ if TYPE_CHECKING:
         read_emu35_config,
     )
     from .precision import PRECISIONS, Precision, PrecisionError, precision_scope
+    from .threads import encode_threads, planned_threads
     from .vision import SCORE_BUDGET_BYTES, VisionTokenizer, select_codes_by_dot_product
 
 

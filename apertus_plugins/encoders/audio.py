@@ -25,6 +25,7 @@ from torch.nn.utils.parametrizations import weight_norm
 
 from .config import AudioTokenizerConfig
 from .precision import Precision, PrecisionError, check_float32, check_precision, precision_scope
+from .threads import encode_threads
 
 __all__ = ["AudioTokenizerConfig", "AudioTokenizer", "select_codes_by_distance"]
 
@@ -243,7 +244,7 @@ class AudioTokenizer(nn.Module):
         x = x.to(self.device)
         if not bool(torch.isfinite(x).all()):
             raise ValueError("AudioTokenizer.encode: the audio contains NaN or infinite samples")
-        with torch.inference_mode(), precision_scope(self.precision), parametrize.cached():
+        with torch.inference_mode(), precision_scope(self.precision), encode_threads(self.device), parametrize.cached():
             z = self.latents(x)
             if not bool(torch.isfinite(z).all()):
                 raise PrecisionError("AudioTokenizer.encode: the encoder produced non-finite values (broken weights?)")

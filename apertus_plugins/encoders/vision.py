@@ -23,11 +23,14 @@ from torch import nn
 
 from .config import VisionTokenizerConfig
 from .precision import Precision, PrecisionError, check_float32, check_precision, precision_scope
+from .threads import encode_threads
 
 __all__ = ["VisionTokenizerConfig", "VisionTokenizer", "select_codes_by_dot_product", "SCORE_BUDGET_BYTES"]
 
 #: Default bound on the score matrix of one code-selection chunk (positions x codebook slice).
 SCORE_BUDGET_BYTES = 128 * 2**20
+#: Score block of one code-selection step on CPU (fits the last-level cache of one core's share).
+CPU_BLOCK_BYTES = 2 * 2**20
 _GROUPS = 32  # GroupNorm groups
 _EPS = 1e-6
 
@@ -167,10 +170,13 @@ def select_codes_by_dot_product(latents: torch.Tensor, codebook: torch.Tensor,
     Args:
         latents: ``[B, D, h, w]``, the quantizer input (after ``quant_conv``).
         codebook: ``[N, D]``.
-        budget_bytes: the largest score block computed at once. When all ``B*h*w x N`` scores fit,
-            this is one matrix product (the port's arithmetic); otherwise the codebook is taken in
-            slices (multiples of 256 entries) and a running maximum keeps the first index of the
-            largest score, as ``argmax`` does. The float32 scores are the same bits either way.
+        budget_bytes: the largest score block computed at once. On a GPU, when all ``B*h*w x N``
+            scores fit, this is one matrix product (the port's arithmetic); otherwise, and always on
+            CPU, the scores are computed block by block (on CPU blocks of at most
+            :data:`CPU_BLOCK_BYTES`, which stay in the cache: 1.5-1.7x faster than one product whose
+            scores go through memory) and a running maximum keeps the first index of the largest
+            score, as ``argmax`` does. Every score is a dot product over the same ``D`` terms either
+            way; the codes are the port's (``tests/reference``).
 
     Returns:
         LongTensor ``[B, h, w]``.
@@ -180,24 +186,34 @@ def select_codes_by_dot_product(latents: torch.Tensor, codebook: torch.Tensor,
     # the port's flatten + transpose + Linear folds to this [positions, D] matrix (a view when B == 1)
     x = latents.flatten(2).transpose(1, 2).reshape(-1, d)
     m = x.shape[0]
+    if x.device.type == "cpu":
+        return _select_in_blocks(x, codebook, min(budget_bytes, CPU_BLOCK_BYTES)).view(b, rows, cols)
     if m * n * 4 <= budget_bytes:
         return torch.mm(x, codebook.t()).argmax(dim=1).view(b, rows, cols)
-    step = max(256, (budget_bytes // (4 * m)) // 256 * 256)
-    best_val = torch.full((m,), -math.inf, dtype=x.dtype, device=x.device)
-    best_idx = torch.zeros(m, dtype=torch.long, device=x.device)
-    row_step = max(1, budget_bytes // (4 * step))  # only below 1 slice per budget: huge batches
-    for r0 in range(0, m, row_step):
-        xr = x[r0 : r0 + row_step]
-        bv, bi = best_val[r0 : r0 + row_step], best_idx[r0 : r0 + row_step]
-        for s in range(0, n, step):
-            scores = torch.mm(xr, codebook[s : s + step].t())
-            idx = scores.argmax(dim=1, keepdim=True)
-            val = scores.gather(1, idx).squeeze(1)
-            del scores
-            better = val > bv  # strict: an equal score later in the codebook keeps the first index
-            bv.copy_(torch.where(better, val, bv))
-            bi.copy_(torch.where(better, idx.squeeze(1) + s, bi))
-    return best_idx.view(b, rows, cols)
+    return _select_in_blocks(x, codebook, budget_bytes).view(b, rows, cols)
+
+
+def _select_in_blocks(x: torch.Tensor, codebook: torch.Tensor, block_bytes: int) -> torch.Tensor:
+    """Blocks of ``codebook rows x positions`` scores (the codebook slices multiples of 256 rows)."""
+    m, n = x.shape[0], codebook.shape[0]
+    code_step = min(n, max(256, (block_bytes // (4 * min(m, 256))) // 256 * 256))
+    pos_step = max(1, min(m, block_bytes // (4 * code_step)))
+    out = torch.empty(m, dtype=torch.long, device=x.device)
+    buffer = torch.empty(code_step * pos_step, dtype=x.dtype, device=x.device)  # reused: no page faults
+    for p0 in range(0, m, pos_step):
+        xt = x[p0 : p0 + pos_step].t()
+        k = xt.shape[1]
+        best_val = torch.full((k,), -math.inf, dtype=x.dtype, device=x.device)
+        best_idx = torch.zeros(k, dtype=torch.long, device=x.device)
+        for s in range(0, n, code_step):
+            rows = codebook[s : s + code_step]
+            scores = torch.mm(rows, xt, out=buffer[: rows.shape[0] * k].view(rows.shape[0], k))
+            val, idx = scores.max(dim=0)  # the first index of the largest score within the block
+            better = val > best_val  # strict: an equal score later in the codebook keeps the first index
+            best_val = torch.where(better, val, best_val)
+            best_idx = torch.where(better, idx + s, best_idx)
+        out[p0 : p0 + k] = best_idx
+    return out
 
 
 def _as_batch(pixels: Any, what: str) -> torch.Tensor:
@@ -249,7 +265,12 @@ class VisionTokenizer(nn.Module):
             check_float32(t, f"vision tokenizer weight {name!r}")
 
     def latents(self, pixels: torch.Tensor) -> torch.Tensor:
-        """The quantizer input ``[B, embed_dim, H/16, W/16]`` (no checks, no precision scope)."""
+        """The quantizer input ``[B, embed_dim, H/16, W/16]`` (no checks, no precision scope).
+
+        Channels-first, as the port computes it: channels-last activations would run the
+        convolutions 1.2-1.3x faster on CPU but round differently and flip about one code in 5,000
+        (measured on the tiny configuration against the port), so they are not used.
+        """
         return self.quant_conv(self.encoder(pixels))
 
     def encode(self, pixels: torch.Tensor | np.ndarray | Sequence[torch.Tensor | np.ndarray]) -> torch.Tensor:
@@ -288,7 +309,7 @@ class VisionTokenizer(nn.Module):
         if not (-1.001 <= lo and hi <= 1.001):
             raise ValueError(f"VisionTokenizer.encode: pixels must lie in [-1, 1], got [{lo:g}, {hi:g}] "
                              "(preprocess with apertus_plugins.core.media.image.preprocess_image)")
-        with torch.inference_mode(), precision_scope(self.precision):
+        with torch.inference_mode(), precision_scope(self.precision), encode_threads(self.device):
             z = self.latents(x)
             if not bool(torch.isfinite(z).all()):
                 raise PrecisionError("VisionTokenizer.encode: the encoder produced non-finite values (broken weights?)")
