@@ -239,6 +239,8 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=15, help="alternating timing rounds per engine")
     p.add_argument("--image-requests", type=int, default=3, help="measured image requests (median printed; 0: decode only)")
     p.add_argument("--image-tokens", type=int, default=16, help="tokens generated per image request")
+    p.add_argument("--threads", type=int, help="CPU threads of both engines, unbound (default: vLLM's binding, one "
+                   "per core); 1 keeps a concurrent load from stalling OpenMP's thread team at every operation")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--checkpoint", help="an Apertus 1.5 checkpoint directory (default: a small random one)")
     args = p.parse_args()
@@ -251,7 +253,14 @@ def main() -> int:
         text = json.loads((ckpt / "config.json").read_text())["text_config"]
         builtin = convert_to_builtin(ckpt, tmp / "apertus-builtin")
         prompts = [f"Prompt number {i}: tell me about the Swiss AI Initiative." for i in range(args.prompts)]
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engines in this process: their steps can be timed
+        engine_env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # engines in this process: their steps can be timed
+        if args.threads:
+            import torch
+
+            engine_env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS=str(args.threads))
+            torch.set_num_threads(args.threads)
+        saved = {name: os.environ.get(name) for name in engine_env}
+        os.environ.update(engine_env)
         try:
             engines = {"plugin": make_engine(ckpt, args.prompts, args.dtype),
                        "builtin": make_engine(builtin, args.prompts, args.dtype)}
@@ -259,8 +268,12 @@ def main() -> int:
             for llm in engines.values():  # free the engines before the server starts
                 llm.llm_engine.engine_core.shutdown()
             del engines
-        finally:
-            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        finally:  # the image requests' server runs with the environment as it was
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
         shares = (image_request_shares(ckpt, args.dtype, tmp / "codes.jsonl", args.image_requests, args.image_tokens)
                   if args.image_requests > 0 else [])
 
@@ -268,7 +281,8 @@ def main() -> int:
         print("\n== Apertus 1.5 in vLLM (this machine) ==")
         print(f"weights: {size} (hidden {text['hidden_size']}, {text['num_hidden_layers']} layers, "
               f"{text['num_attention_heads']} heads), dtype {args.dtype}; {args.prompts} text prompts decoded "
-              f"together, {args.max_tokens} tokens each, best of {args.repeats} alternating rounds")
+              f"together, {args.max_tokens} tokens each, best of {args.repeats} alternating rounds, "
+              f"{f'{args.threads} thread(s), unbound' if args.threads else 'vLLM threads binding'}")
         print(f"decode throughput  Apertus1p5ForConditionalGeneration (plugin): {rates['plugin']:9.1f} tok/s")
         print(f"decode throughput  ApertusForCausalLM (vLLM built-in):          {rates['builtin']:9.1f} tok/s")
         print(f"ratio (plugin / built-in): best rates {rates['plugin'] / rates['builtin']:.3f}, median of the "
