@@ -59,6 +59,7 @@ from apertus_plugins.encoders import (
 )
 from apertus_plugins.encoders.cache import MediaCodeCache, forget_fingerprint
 
+from .eager import refresh_eager_layers, use_eager_layers
 from .logs import get_logger
 from .processing import Apertus1p5DummyInputsBuilder, Apertus1p5MultiModalProcessor, Apertus1p5ProcessingInfo
 
@@ -143,6 +144,9 @@ class Apertus1p5ForConditionalGeneration(nn.Module, SupportsMultiModal, Supports
             for layer in self.language_model.layers:
                 if isinstance(getattr(getattr(layer, "mlp", None), "act_fn", None), XIELU):
                     layer.mlp.act_fn = XIELU(dtype=vllm_config.model_config.dtype)
+            # eager CPU decoding: leaner RMSNorm/xIELU calls with vLLM's own values (vllm_model.eager)
+            if use_eager_layers(self.language_model, vllm_config):
+                logger.info("apertus: eager CPU forms of RMSNorm and xIELU in the decoder (vLLM's values)")
             self.lm_head = ParallelLMHead(self.output_vocab_size, text_config.hidden_size,
                                           quant_config=vllm_config.quant_config, prefix=maybe_prefix(prefix, "lm_head"))
             self.logits_processor = LogitsProcessor(self.output_vocab_size)
@@ -248,5 +252,6 @@ class Apertus1p5ForConditionalGeneration(nn.Module, SupportsMultiModal, Supports
         loaded = loader.load_weights(weights, mapper=self.hf_to_vllm_mapper)
         for tokenizer in (self.vision_tokenizer, self.audio_tokenizer):
             forget_fingerprint(tokenizer)  # the media-code cache keys by the weights now loaded
+        refresh_eager_layers(self.language_model)  # xIELU's activated scalars from the loaded alphas
         return loaded
 

@@ -19,8 +19,10 @@ of about four times the input's size for the backward pass, boolean masks includ
 and recomputes the rest in the backward pass, in cache-sized blocks; its values and gradients are bit-identical to
 :func:`xielu`'s (the same operations in the same order, the gradients accumulated as autograd
 accumulates them; zeros may differ in sign), so a model trains the same with either, in float32 as
-in bfloat16. The branches are blended arithmetically, which needs both to be finite: an input whose
-square overflows (``|x|`` above about 1e19) gives NaN where the formula gives one branch's value.
+in bfloat16. :func:`xielu_inference` is the forward alone for serving (no autograd): the
+scalars' softplus computed once by the caller, :func:`xielu`'s operations in its order on reused
+temporaries, bit-identical to :func:`xielu` for every input. In :func:`xielu_fused` the branches
+are blended arithmetically, which needs both to be finite: an input whose square overflows (``|x|`` above about 1e19) gives NaN where the formula gives one branch's value.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import torch
 
 from .release import XIELU_ALPHA_INIT, XIELU_BETA, XIELU_EPS
 
-__all__ = ["BETA", "EPS", "ALPHA_INIT", "initial_parameters", "xielu", "xielu_fused", "XIELUFunction"]
+__all__ = ["BETA", "EPS", "ALPHA_INIT", "initial_parameters", "xielu", "xielu_fused", "xielu_inference", "XIELUFunction"]
 
 #: beta, eps and the initial alpha_p = alpha_n (after the softplus), from the release's constants.
 BETA = XIELU_BETA
@@ -66,6 +68,27 @@ def xielu(x: torch.Tensor, alpha_p: torch.Tensor, alpha_n: torch.Tensor,
     positive = a_p * x * x + beta_x
     negative = (torch.expm1(torch.minimum(x, eps_t.to(x.dtype))) - x) * a_n + beta_x
     return torch.where(x > 0, positive, negative)
+
+
+def xielu_inference(x: torch.Tensor, a_p: torch.Tensor, a_n: torch.Tensor,
+                    beta: float | torch.Tensor = BETA, eps: float | torch.Tensor = EPS) -> torch.Tensor:
+    """:func:`xielu` without autograd, from the activated scalars ``a_p = softplus(alpha_p)`` and
+    ``a_n = beta + softplus(alpha_n)`` (computed once, not per call).
+
+    The same operations on the same operands in the same order as :func:`xielu`, so the same
+    rounding and the same value for every input (NaN, infinities and signed zeros included: the
+    branches are selected with ``where``), with five temporaries fewer: the positive and negative
+    branches are computed in place and the selection writes into the positive one. For serving,
+    where the per-operation overhead of a small decode batch is a visible part of a step.
+    ``beta``/``eps`` are floats or 0-d tensors (a checkpoint's buffers), as for :func:`xielu`.
+    """
+    beta_x = beta * x
+    out = a_p * x
+    out.mul_(x).add_(beta_x)  # positive = a_p * x * x + beta_x
+    eps_t = eps if isinstance(eps, torch.Tensor) else torch.tensor(eps, dtype=x.dtype, device=x.device)
+    negative = torch.minimum(x, eps_t.to(x.dtype))
+    negative.expm1_().sub_(x).mul_(a_n).add_(beta_x)
+    return torch.where(x > 0, out, negative, out=out)
 
 
 #: Elements per block of :class:`XIELUFunction` (a few hundred KiB per temporary: cache-resident).
