@@ -76,6 +76,7 @@ def test_the_setting_is_restored_after_an_error(monkeypatch, all_cores):
 def test_arithmetic_of_the_plan(monkeypatch, all_cores):
     """Other processes' CPU time over the wall time of the call = cores they kept busy."""
     monkeypatch.setenv(policy.ENV_VAR, "auto")
+    monkeypatch.setattr(policy, "_busy_elsewhere", 0.0)  # restored afterwards: the plan of later encodes
     clock = iter([100.0, 100.0 + 1.0])  # the machine: 1 s of busy CPU during the call (ours included)
     monkeypatch.setattr(policy, "_machine_busy_s", lambda: next(clock))
     monkeypatch.setattr(policy, "_cores", lambda: 4)
@@ -97,6 +98,7 @@ def test_arithmetic_of_the_plan(monkeypatch, all_cores):
 def test_a_busy_neighbour_takes_a_thread_away(monkeypatch, all_cores):
     """A real busy process beside the encode: the next encode plans fewer threads than cores."""
     monkeypatch.setenv(policy.ENV_VAR, "auto")
+    monkeypatch.setattr(policy, "_busy_elsewhere", 0.0)  # the load measured here is not left to later encodes
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.5)
