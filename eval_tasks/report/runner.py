@@ -123,7 +123,7 @@ def needs(items: Sequence[Item], opts: Options, served: Any, client: Any) -> dic
     audio_limits: dict[float, str | None] = {}
     for item in items:
         b, problems = item.benchmark, []
-        if b.need("tokenizer") is not None and not opts.tokenizer:
+        if b.need("tokenizer", item.mode) is not None and not opts.tokenizer:
             problems.append("needs the model's tokenizer: --tokenizer (the checkpoint folder or its Hub id)")
         if b.need("unsafe_code") is not None and not opts.allow_code_execution:
             problems.append("executes the model's code to score it: --allow-code-execution")
@@ -139,7 +139,7 @@ def needs(items: Sequence[Item], opts: Options, served: Any, client: Any) -> dic
                     problems.append(f"RULER at {longest} tokens needs a served context of at least "
                                     f"{longest + RULER_NEW_TOKENS}; the server serves {ctx}: serve with "
                                     f"--max-model-len {longest + RULER_NEW_TOKENS} or pass shorter --lengths")
-            elif b.harness == "lm_eval" and b.kind in ("chat", "handwritten") and not opts.max_new_tokens:
+            elif b.harness == "lm_eval" and b.kind_in(item.mode) in ("chat", "handwritten") and not opts.max_new_tokens:
                 budget = int((THINKING_DECODING if item.mode == "think" else DEFAULT_DECODING)["max_new_tokens"])
                 if budget >= ctx:
                     problems.append(f"the protocol's budget of {budget} new tokens does not fit the served context "
@@ -198,8 +198,8 @@ def _worker(opts: Options, harness: str, items: list[Item], served: Any, include
                 "model": served.name, "limit": opts.limit, "num_concurrent": opts.num_concurrent,
                 "timeout": opts.timeout, "max_new_tokens": opts.max_new_tokens, "tokenizer": opts.tokenizer,
                 "lengths": list(opts.lengths), "allow_code_execution": opts.allow_code_execution,
-                "tasks": [{"task": i.task, "kind": i.benchmark.kind, "chat": i.benchmark.chat,
-                           "multi_turn": i.benchmark.multi_turn, "dir": str(opts.output / "runs" / i.task)}
+                "tasks": [{"task": i.task, "kind": i.benchmark.kind_in(i.mode), "chat": i.benchmark.chat_in(i.mode),
+                           "multi_turn": i.benchmark.multi_turn_in(i.mode), "dir": str(opts.output / "runs" / i.task)}
                           for i in pending]}
         plan_path = events.with_suffix(".plan.json")
         write_json(plan_path, spec)
