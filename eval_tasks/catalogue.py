@@ -228,7 +228,7 @@ class Benchmark:
 
     def chat_in(self, mode: str) -> bool:
         """Whether the task of ``mode`` goes through the chat template (never on the base model)."""
-        return self.chat and not (mode == "base" and self.base_run)
+        return self.chat and mode != "base"
 
     def multi_turn_in(self, mode: str) -> bool:
         return self.multi_turn and self.chat_in(mode)

@@ -9,8 +9,9 @@ permission to execute model-written code; what is unmet is listed at once with t
 change (``--skip-unmet`` runs the rest). The tasks then run in one worker process per harness
 (:mod:`eval_tasks.report.worker`), with a progress bar over the tasks; each finished task leaves
 ``runs/<task>/result.json``, and a rerun of the same command skips those (``--rerun`` runs them
-again): a killed run resumes where it stopped. Last, ``report.md``, ``report.svg`` and
-``report.json`` are written from every result in the folder (:mod:`eval_tasks.report.render`).
+again): a killed run resumes where it stopped. Last, ``report.md``, ``report.svg``, ``report.html``,
+``report.txt`` (the terminal summary, also printed to stderr) and ``report.json`` are written from every
+result in the folder (:mod:`eval_tasks.report.render`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 from apertus_plugins.infra.files import write_text_atomic
 from eval_tasks.catalogue import SUITES, Benchmark, by_id, load, suite
 
-from .render import Line, markdown, part_of, svg
+from .render import Line, html, markdown, part_of, svg, terminal
 from .worker import write_json
 
 __all__ = ["DEFAULT_LENGTHS", "Item", "Options", "ReportError", "SUITE_MODES", "plan", "run"]
@@ -380,10 +381,16 @@ def run(opts: Options, only: Sequence[str] = ()) -> Path:
               "harnesses": ", ".join(f"{k} {v}" for k, v in _versions().items()),
               "written": time.strftime("%Y-%m-%d %H:%M:%S")}
     report = opts.output / "report.md"
-    for path, text in ((report, markdown(table, header)),
-                       (opts.output / "report.svg", svg(table, f"Apertus 1.5 ({served.name}) vs the report: {opts.suite}"))):
+    title = f"Apertus 1.5 ({served.name}) vs the report: {opts.suite}"
+    for path, text in ((report, markdown(table, header)), (opts.output / "report.svg", svg(table, title)),
+                       (opts.output / "report.html", html(table, title, header)),
+                       (opts.output / "report.txt", terminal(table, color=False))):
         write_text_atomic(path, text)
+    if opts.progress:
+        color = sys.stderr.isatty() and not os.environ.get("NO_COLOR")
+        print(terminal(table, color=color), file=sys.stderr)
     write_json(opts.output / "report.json", {"header": header, "rows": [
         {**{k: v for k, v in asdict(line).items() if k not in ("benchmark", "reference")}, "benchmark": line.benchmark.id,
-         "reference": asdict(line.reference) if line.reference else None} for line in table]})
+         "reference": asdict(line.reference) if line.reference else None, "delta": line.delta,
+         "protocol": line.protocol, "cited": line.cited} for line in table]})
     return report
