@@ -292,6 +292,10 @@ def _settings(b: Benchmark) -> str:
         parts.append("log-likelihood through the completions API" + (", chat template" if b.chat else ""))
     if b.kind == "base":
         parts.append("upstream's prompt and decoding, no chat template")
+    if b.base_run:
+        parts.append(f"base model: `{b.tasks['base']}`, without the chat template")
+    if b.categories != "all":
+        parts.append(f"categories: {b.categories}")
     if b.needs:
         parts.append("needs " + ", ".join(b.needs))
     if b.note:

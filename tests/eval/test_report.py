@@ -175,7 +175,12 @@ def test_report_runs_the_smoke_suite_resumes_after_a_kill_and_writes_tables_and_
     by_task = {r["task"]: r for r in rows if r["task"] and r["status"] == "ok"}
     assert by_task["apertus_truthfulqa_mc2"]["reference"]["value"] == 56.1
     assert by_task["apertus_minerva_math500"]["reference"] == {"value": 50.2, "table": "L.3", "row": "MATH-500",
-                                                               "column": "8B +SDPO"}
+                                                               "column": "8B +SDPO", "unlike": None}
+    assert by_task["apertus_minerva_math500"]["protocol"] == "Math Verify; 4 shots; thinking off"
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert 'data-benchmark="math500"' in page and "Table L.3, MATH-500, 8B +SDPO: Math Verify; 4 shots" in page
+    summary = (out / "report.txt").read_text(encoding="utf-8")
+    assert "MATH-500 (Minerva)" in summary and "\x1b[" not in summary and "Text, thinking off" in done.stderr
     assert by_task["apertus_ai2d"]["metric"] == "exact_match,flexible-extract"
     assert by_task["apertus_librispeech_test_clean"]["ours"] >= 0  # WER in percent, as the harness reports it
     for title in ("## Text, thinking off", "## Images, thinking off", "## Audio (Table 35)", "## Long context"):
