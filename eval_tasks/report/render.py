@@ -28,7 +28,7 @@ __all__ = ["Line", "PARTS", "benchmark_table", "counts", "html", "markdown", "pa
 
 #: The parts of the report's tables, in order: (key, title, the catalogue's ``listed`` prefixes, mode).
 PARTS: list[tuple[str, str, tuple[str, ...], str]] = [
-    ("text", "Text, thinking off (Tables L.1-L.3, 23, 27, 29, 37)", ("L.1", "L.2", "Tables 23"), "off"),
+    ("text", "Text, thinking off (Tables L.1-L.3, 23, 27, 29, 37)", ("L.1", "L.2", "Tables 23", "Tables 31"), "off"),
     ("thinking", "Text, thinking on (Tables 25, 28)", ("L.1", "L.2", "Tables 23"), "think"),
     ("base", "Base model (Tables 13-22)", ("L.1", "L.2"), "base"),
     ("image", "Images, thinking off (Table 34, 8B)", ("Table 34",), "off"),
@@ -268,7 +268,7 @@ def counts(benchmarks: Iterable[Benchmark] | None = None) -> dict[str, int]:
             "absent": sum(not b.runnable for b in items)}
 
 
-_SECTIONS = [("Text: Tables L.1 and L.2", ("L.1", "L.2", "Tables 23")), ("Images: Table 34 (section 5.5)", ("Table 34",)),
+_SECTIONS = [("Text: Tables L.1 and L.2, machine translation (Tables 31 and 32)", ("L.1", "L.2", "Tables 23", "Tables 31")), ("Images: Table 34 (section 5.5)", ("Table 34",)),
              ("Audio: Table 35 (section 5.6)", ("Table 35",)), ("Long context: Table 36 (section 5.7)", ("Table 36",))]
 
 
