@@ -144,6 +144,7 @@ class Protocol:
     shots: int | None
     categories: str
     thinking: str
+    sampling: str | None = None  # mean@k over sampled runs, where a table or the run says so (shown, not compared)
 
     def describe(self) -> str:
         parts = [self.metric or "the task's metric"]
@@ -152,6 +153,8 @@ class Protocol:
         if self.categories != "all":
             parts.append(f"categories: {self.categories}")
         parts.append({"off": "thinking off", "on": "thinking on", "base": "base model"}[self.thinking])
+        if self.sampling:
+            parts.append(self.sampling)
         return "; ".join(parts)
 
 
@@ -247,7 +250,8 @@ class Benchmark:
         metric = METRIC_NAMES.get(key)
         if shots is None:
             shots = self.num_fewshot if self.num_fewshot is not None else _shots(self.setting)
-        return Protocol(metric, shots, self.categories, {"think": "on"}.get(mode, mode))
+        sampling = f"mean@{self.repeats}" if mode == "think" and self.repeats > 1 else None
+        return Protocol(metric, shots, self.categories, {"think": "on"}.get(mode, mode), sampling)
 
     @property
     def by_length(self) -> bool:
@@ -320,7 +324,7 @@ def cited_protocol(b: Benchmark, ref: Reference) -> Protocol:
     shots = table.fixes("shots", b)
     thinking = table.thinking_of(ref.column)
     return Protocol(metric, _shots(b.setting) if shots is None else int(shots), table.fixes("categories", b) or "all",
-                    thinking)
+                    thinking, table.fixes("sampling", b) if thinking == "on" else None)
 
 
 def mismatches(b: Benchmark, mode: str, ref: Reference, shots: int | None = None) -> list[str]:

@@ -59,7 +59,8 @@ def test_every_derived_task_follows_the_protocol(lm_eval_path: Path) -> None:
         name = cfg["task"]
         assert Path(cfg["include"]).is_absolute() and Path(cfg["include"]).is_file(), name
         b = templates.get(cfg["include"]) or catalogue[cfg["metadata"]["apertus_benchmark"]]
-        if b.kind not in ("chat", "handwritten"):
+        mode = "think" if name.endswith("_think") else "base" if name.endswith("_base") and b.base_run else "off"
+        if b.kind_in(mode) not in ("chat", "handwritten"):
             assert "generation_kwargs" not in cfg and "class" not in cfg, name  # upstream's own scoring
             continue
         gen, thinking = cfg["generation_kwargs"], name.endswith("_think")
