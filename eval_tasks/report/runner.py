@@ -386,9 +386,8 @@ def run(opts: Options, only: Sequence[str] = ()) -> Path:
                        (opts.output / "report.html", html(table, title, header)),
                        (opts.output / "report.txt", terminal(table, color=False))):
         write_text_atomic(path, text)
-    if opts.progress:
-        color = sys.stderr.isatty() and not os.environ.get("NO_COLOR")
-        print(terminal(table, color=color), file=sys.stderr)
+    color = sys.stderr.isatty() and not os.environ.get("NO_COLOR")
+    print(terminal(table, color=color), file=sys.stderr)
     write_json(opts.output / "report.json", {"header": header, "rows": [
         {**{k: v for k, v in asdict(line).items() if k not in ("benchmark", "reference")}, "benchmark": line.benchmark.id,
          "reference": asdict(line.reference) if line.reference else None, "delta": line.delta,
