@@ -262,6 +262,8 @@ def _lm_derive(h: _LmEval, b: Benchmark, name: str, mode: str, files: dict[str, 
                 if not isinstance(sub, str):
                     raise DerivationError(f"benchmark {b.id}: {name} nests a group in a group ({item['group']})")
                 sub_members.append(_lm_derive(h, b, sub, mode, files, passed))
+            if sub_name in sub_members:  # a member derives to the sub-group's name (MMLU's flan CoT "stem")
+                sub_name = f"apertus_{name}__{re.sub(r'[^0-9a-z]+', '_', str(item['group']).lower())}{_suffix(b, mode)}"
             sub = {"group": sub_name, "task": sub_members}
             if item.get("aggregate_metric_list"):
                 sub["aggregate_metric_list"] = item["aggregate_metric_list"]

@@ -96,6 +96,9 @@ def test_every_number_pairs_the_shots_of_the_derived_task(lm_eval_path: Path) ->
     upstream's includes resolved) against the cited table's, and its metric, categories and thinking
     mode (the catalogue's check); a number for another protocol says why and shows no difference."""
     catalogue, checked = by_id(), 0
+    for path in lm_eval_path.glob("*.yaml"):  # no group is its own member (MMLU's flan CoT "stem" once was)
+        cfg = _yaml(path)
+        assert "group" not in cfg or cfg["group"] not in cfg["task"], path.name
     for name, info in manifest("lm_eval")["tasks"].items():
         b, mode = catalogue[info["benchmark"]], info["mode"]
         shots = int(_resolved(_leaf(lm_eval_path, name)).get("num_fewshot") or 0)
