@@ -88,6 +88,20 @@ def test_duration_batches_and_the_drop_rule() -> None:
     assert audio.padded_code_counts([601]) == [2] and audio.padded_code_counts([]) == []
 
 
+def _run(kind: str, source: Path, out: Path, **settings: object) -> dict:
+    """An in-process run (``--workers 0``); its report. The resume check runs the CLI in a subprocess."""
+    import contextlib
+    import os
+
+    from apertus_plugins.data.offline import TokenizeConfig, tokenize
+
+    ws = workspace()
+    cfg = TokenizeConfig(kind, [str(source)], out=str(out), tokenizer=str(ws.tokenizer), checkpoint=str(ws.checkpoint),
+                         workers=0, progress=False, max_bad_fraction=1.0, **settings)
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+        return tokenize(cfg)
+
+
 def _report_expected(clips: Path, audio_tok) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
     """Per clip in plan order: its length, its batch's longest, its padded-batch codes, its single-clip codes."""
     from apertus_plugins.encoders import encode_audio, encode_audio_padded
@@ -113,9 +127,7 @@ def test_report_batching_pads_drops_and_resumes(clips: Path, audio_tok, tmp_path
     base = ["pretrain", str(clips), "--tokenizer", str(ws.tokenizer), "--checkpoint", str(ws.checkpoint),
             "--no-progress", "--workers", "0", "--max-bad-fraction", "1", *REPORT_ARGS]
     out = tmp_path / "report" / "a"
-    res = cli([*base, "--out", str(out)])
-    assert res.returncode == 0, res.stderr
-    report = json.loads(Path(f"{out}.report.json").read_text())
+    report = _run("pretrain", clips, out, audio_batching="report", audio_batch_seconds=1.5, audio_buckets=2)
     # c7 (4 codes) is padded in its batch and keeps none: skipped, named; the NaN clip fails to decode
     assert report["skipped_by_reason"] == {"no codes left after padding": 1, "unreadable audio": 1}, report["skipped"]
     assert sorted(Path(s["source"]).name for s in report["skipped"]) == ["c7.wav", "nan.wav"]
@@ -146,8 +158,7 @@ def test_report_batching_pads_drops_and_resumes(clips: Path, audio_tok, tmp_path
 
     # the default batching: every clip keeps all its codes, equal to its single-clip encoding
     out3 = tmp_path / "exact" / "a"
-    res = cli([a for a in base if a not in REPORT_ARGS] + ["--out", str(out3)])
-    assert res.returncode == 0, res.stderr
+    _run("pretrain", clips, out3)
     ds = IndexedDataset(out3)
     got = sorted(ds.document(d)[2:-2].size for d in range(ds.num_documents))
     assert got == sorted(audio.audio_code_count(n) for n in CLIPS.values())
@@ -192,10 +203,7 @@ def test_interleaved_documents_read_back_by_megatron(tmp_path: Path, audio_tok) 
             expected.append(np.concatenate([[spec.bos_id], seq, [spec.eos_id]]))
     split = int(np.median([d.size for d in expected]))
     out = tmp_path / "out" / "inter"
-    res = cli(["interleaved", str(jsonl), "--out", str(out), "--tokenizer", str(ws.tokenizer), "--checkpoint",
-               str(ws.checkpoint), "--split-tokens", str(split), "--batch-size", "3", "--workers", "0",
-               "--no-progress", "--max-bad-fraction", "1"])
-    assert res.returncode == 0, res.stderr
+    _run("interleaved", jsonl, out, split_tokens=split, batch_size=3)
     short = MegatronIndexedDataset(str(out))
     long = MegatronIndexedDataset(f"{out}.long")
     assert short.index.dtype == np.int32 and long.index.dtype == np.int32

@@ -21,53 +21,18 @@ The report sends sequences of up to 8,192 tokens to stage 2 and longer ones to t
 extension; ``--split-tokens 8192`` writes the longer ones to ``PREFIX.long`` (default: no cut,
 every sequence in ``PREFIX``).
 
-A recording is one item: a missing or undecodable clip, an empty transcript or a malformed line
+The lines are read by :func:`.sources.parse_recording`. A recording is one item: a missing or undecodable clip, an empty transcript or a malformed line
 skips that recording, named (the file, its line and the clip) and counted by reason.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .sources import BadInput, Reasons
-
-__all__ = ["RecordingClip", "parse_recording", "recording_documents", "route_by_length"]
-
-
-@dataclass(frozen=True)
-class RecordingClip:
-    """One clip of a recording as the input names it: its audio (path or URL as written) and transcript."""
-
-    audio: str
-    text: str
-
-
-def parse_recording(line: bytes, name: str) -> list[RecordingClip]:
-    """The clips of one JSONL line; raises :class:`~.sources.BadInput` naming the line and the clip."""
-    try:
-        obj = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadInput(Reasons.JSON, f"{name}: not valid JSON ({exc})") from exc
-    clips = obj.get("clips") if isinstance(obj, dict) else None
-    if not isinstance(clips, list) or not clips:
-        keys = ", ".join(sorted(obj)) if isinstance(obj, dict) else type(obj).__name__
-        raise BadInput(Reasons.RECORDING, f"{name}: expected an object with a non-empty 'clips' list, got {keys}")
-    out: list[RecordingClip] = []
-    for k, clip in enumerate(clips):
-        if not isinstance(clip, dict):
-            raise BadInput(Reasons.RECORDING, f"{name} clip {k}: expected an object with 'audio' and 'text'")
-        audio, text = clip.get("audio"), clip.get("text")
-        if not isinstance(audio, str) or not audio:
-            raise BadInput(Reasons.RECORDING, f"{name} clip {k}: 'audio' must name a file")
-        if not isinstance(text, str) or not text.strip():
-            raise BadInput(Reasons.NO_TRANSCRIPT, f"{name} clip {k} ({audio}): the transcript is empty")
-        out.append(RecordingClip(audio, text))
-    return out
+__all__ = ["recording_documents", "route_by_length"]
 
 
 def recording_documents(codes: Sequence[np.ndarray], transcripts: Sequence[Sequence[int]], spec: Any,

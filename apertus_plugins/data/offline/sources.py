@@ -50,7 +50,7 @@ from .preprocess import MediaSettings
 __all__ = [
     "IMAGE_EXTS", "AUDIO_EXTS", "MediaRef", "Item", "Skip", "Reasons", "BadInput", "RangeReader", "ShardScan", "unexpected",
     "open_media", "read_media", "media_shape", "list_shards", "line_starts", "scan_shard", "scan_pretrain",
-    "scan_sft", "parse_record", "media_parts", "part_source", "media_base",
+    "scan_sft", "parse_record", "media_parts", "part_source", "media_base", "RecordingClip", "parse_recording",
 ]
 
 IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"})
@@ -685,10 +685,8 @@ def _scan_jsonl(spec: dict[str, Any], media_root: str | None, media: MediaSettin
 
 def _scan_recordings(spec: dict[str, Any], media_root: str | None, media: MediaSettings,
                      add: Callable[[Item], None], out: ShardScan, read: Callable[[str], None]) -> None:
-    """Plan the recordings of a JSONL range (``apertus tokenize interleaved``): one item per line, its
-    clips as media with their header shapes (:mod:`.interleaved`); a bad line or clip skips the line."""
-    from .interleaved import parse_recording
-
+    """Plan the recordings of a JSONL range (``apertus tokenize interleaved``, :mod:`.interleaved`): one
+    item per line, its clips as media with their header shapes; a bad line or clip skips the line."""
     path, display = spec["path"], spec["name"]
     base = media_base(path, media_root)
     seen: set[str] = set()
@@ -759,6 +757,38 @@ def scan_sft(sources: list[str], media_root: str | None, resize_policy: str, aud
              tick: Callable[[int], None] = lambda n: None) -> tuple[list[Item], list[Skip], list[str]]:
     """Every conversation (with its media's shapes), skip and file read of SFT sources, in source order."""
     return _scan_all("sft", sources, media_root, MediaSettings(resize_policy, audio_policy), tick)
+
+
+# ---------------------------------------------------------------------- interleaved recordings
+@dataclass(frozen=True)
+class RecordingClip:
+    """One clip of a recording as the input names it: its audio (path or URL as written) and transcript."""
+
+    audio: str
+    text: str
+
+
+def parse_recording(line: bytes, name: str) -> list[RecordingClip]:
+    """The clips of one JSONL line; raises :class:`~.sources.BadInput` naming the line and the clip."""
+    try:
+        obj = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadInput(Reasons.JSON, f"{name}: not valid JSON ({exc})") from exc
+    clips = obj.get("clips") if isinstance(obj, dict) else None
+    if not isinstance(clips, list) or not clips:
+        keys = ", ".join(sorted(obj)) if isinstance(obj, dict) else type(obj).__name__
+        raise BadInput(Reasons.RECORDING, f"{name}: expected an object with a non-empty 'clips' list, got {keys}")
+    out: list[RecordingClip] = []
+    for k, clip in enumerate(clips):
+        if not isinstance(clip, dict):
+            raise BadInput(Reasons.RECORDING, f"{name} clip {k}: expected an object with 'audio' and 'text'")
+        audio, text = clip.get("audio"), clip.get("text")
+        if not isinstance(audio, str) or not audio:
+            raise BadInput(Reasons.RECORDING, f"{name} clip {k}: 'audio' must name a file")
+        if not isinstance(text, str) or not text.strip():
+            raise BadInput(Reasons.NO_TRANSCRIPT, f"{name} clip {k} ({audio}): the transcript is empty")
+        out.append(RecordingClip(audio, text))
+    return out
 
 
 # ---------------------------------------------------------------------- SFT records

@@ -66,6 +66,7 @@ from .sources import (
     line_starts,
     media_base,
     parse_record,
+    parse_recording,
     part_source,
     plugin_modality,
     read_media,
@@ -334,8 +335,6 @@ class WorkerContext:
 
     def recording(self, item: Item) -> list[str]:
         """The transcripts of a recording's clips (interleaved runs), read again from its JSONL line."""
-        from .interleaved import parse_recording
-
         path, offset, length = item.record or ("", 0, 0)
         clips = parse_recording(storage.read_bytes(path, offset, length), item.name)
         if len(clips) != len(item.media):
