@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from apertus_plugins.core.longcontext import STEPS
+
 
 def _rss_mb() -> float:
     with open("/proc/self/status", encoding="ascii") as fh:
@@ -76,7 +78,7 @@ def write_docs(path: Path, tokenizer: str, length: int, n: int, seed: int) -> No
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lengths", type=int, nargs="+", default=[32768, 262144])
+    ap.add_argument("--lengths", type=int, nargs="+", default=[STEPS["32k"], STEPS["256k"]])
     ap.add_argument("--examples", type=int, default=8)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tokenizer", help=argparse.SUPPRESS)

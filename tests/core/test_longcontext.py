@@ -97,7 +97,7 @@ def test_report_mix_is_table_f1_f2_and_8() -> None:
     assert mix["cwe"] == pytest.approx(2.86 / (2.86 + 1.79 + 0.9501))  # Table F.1: 5.60B SFT tokens at 32k
     assert sum(REPORT_TASK_TOKENS["70b"]["256k"]) == pytest.approx(4.2632e9)  # Table F.2 (Table 5: 4.26B)
     assert report_mix("70b", "sft")["needles"] == pytest.approx(85.3 / (236.8 + 119.4 + 85.3))  # Table 8
-    assert STEPS["256k"] == STEPS["sft"] == 262_144 // 1 and STEPS["32k"] == 32768
+    assert STEPS["256k"] == STEPS["sft"] == 2 ** 18 and STEPS["32k"] == 2 ** 15
     with pytest.raises(ValueError, match="step '16k'"):
         report_mix("8b", "16k")
     assert (HARD.cwe_questions, HARD.docorder_sections, EASY.cwe_questions, EASY.docorder_sections) == (10, 8, 5, 4)
