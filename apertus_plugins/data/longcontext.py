@@ -89,7 +89,13 @@ def write_long_context(sources: Iterable[str | os.PathLike[str]], out: str | os.
                        describe: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Generate and write the tasks (see the module docstring); returns the report."""
     out = os.fspath(out)
+    sources = [Path(p) for p in sources]
+    missing = [str(p) for p in sources if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"no such JSONL file: {', '.join(missing)}")
     gen = LongContextTasks(chat, length, mix, seed)
+    if not sources and gen.mix["cwe"] + gen.mix["docorder"] > 0:
+        raise ValueError("CWE and DocOrder need source documents: give JSONL files, or a needles-only --mix")
     dtype = optimal_dtype(gen.spec.size)
     skipped: Counter[str] = Counter()
     names: dict[str, list[str]] = {}
@@ -98,25 +104,29 @@ def write_long_context(sources: Iterable[str | os.PathLike[str]], out: str | os.
     longest, shortest = 0, None
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     records_tmp = Path(f"{out}.examples.jsonl.tmp{os.getpid()}")
-    with IndexedDatasetWriter(out, dtype) as tokens, IndexedDatasetWriter(out + ".mask", np.uint8) as masks, \
-            open(records_tmp, "w", encoding="utf-8") as records:
-        docs = read_documents(sources, text_key=text_key)
-        for item in gen.run(docs, max_tokens=max_tokens, max_examples=max_examples):
-            if isinstance(item, Skip):
-                _LOG.warning("%s", item)
-                skipped[item.reason] += 1
-                kept = names.setdefault(item.reason, [])
-                if len(kept) < MAX_NAMES:
-                    kept.append(f"{item.source}: {item.detail}")
-                continue
-            ex: Example = item
-            tokens.add_document(ex.ids)
-            masks.add_document(ex.mask)
-            records.write(json.dumps(ex.record()) + "\n")
-            buckets[f"{ex.task}/{ex.bucket}" if ex.bucket else ex.task] += 1
-            trained[ex.task] += int(ex.mask.sum())
-            longest = max(longest, int(ex.ids.size))
-            shortest = int(ex.ids.size) if shortest is None else min(shortest, int(ex.ids.size))
+    try:
+        with IndexedDatasetWriter(out, dtype) as tokens, IndexedDatasetWriter(out + ".mask", np.uint8) as masks, \
+                open(records_tmp, "w", encoding="utf-8") as records:
+            docs = read_documents(sources, text_key=text_key)
+            for item in gen.run(docs, max_tokens=max_tokens, max_examples=max_examples):
+                if isinstance(item, Skip):
+                    _LOG.warning("%s", item)
+                    skipped[item.reason] += 1
+                    kept = names.setdefault(item.reason, [])
+                    if len(kept) < MAX_NAMES:
+                        kept.append(f"{item.source}: {item.detail}")
+                    continue
+                ex: Example = item
+                tokens.add_document(ex.ids)
+                masks.add_document(ex.mask)
+                records.write(json.dumps(ex.record()) + "\n")
+                buckets[f"{ex.task}/{ex.bucket}" if ex.bucket else ex.task] += 1
+                trained[ex.task] += int(ex.mask.sum())
+                longest = max(longest, int(ex.ids.size))
+                shortest = int(ex.ids.size) if shortest is None else min(shortest, int(ex.ids.size))
+    except BaseException:
+        records_tmp.unlink(missing_ok=True)  # the datasets' writers removed their own temporary files
+        raise
     os.replace(records_tmp, f"{out}.examples.jsonl")
     total = sum(gen.tokens.values())
     report = {

@@ -254,3 +254,20 @@ def test_streams_documents_and_memory_flat_in_examples(chat: ChatTokenizer, corp
 
     small, large = peak(6), peak(40)
     assert large < 1.5 * small + 200_000, (small, large)  # 40 examples held no more than 6
+
+
+def test_hostile_arguments(chat: ChatTokenizer, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no such JSONL file"):
+        write_long_context([tmp_path / "missing.jsonl"], tmp_path / "o", chat, length=T, mix={"cwe": 1})
+    with pytest.raises(ValueError, match="need source documents"):
+        write_long_context([], tmp_path / "o", chat, length=T, mix=report_mix("8b", "32k"), max_examples=2)
+    with pytest.raises(ValueError, match="needs max_tokens or max_examples"):
+        write_long_context([], tmp_path / "o", chat, length=T, mix={"needles": 1})
+    for bad in ({"cwe": -1}, {"haystack": 1}, {"cwe": 0}):
+        with pytest.raises(ValueError, match="mix"):
+            LongContextTasks(chat, T, bad)
+    with pytest.raises(ValueError, match="at least 256"):
+        LongContextTasks(chat, 100, {"cwe": 1})
+    assert not list(tmp_path.glob("o*"))  # nothing half-written
+    report = write_long_context([], tmp_path / "n", chat, length=T, mix={"needles": 1}, max_examples=3)
+    assert report["examples"] == {"cwe": 0, "docorder": 0, "needles": 3} and report["skipped"] == {}
