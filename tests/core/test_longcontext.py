@@ -39,8 +39,8 @@ WORDS = ["river", "mountain", "forest", "valley", "meadow", "glacier", "harbor",
 
 
 @pytest.fixture(scope="module")
-def chat(small_tokenizer_dir: Path) -> ChatTokenizer:
-    return ChatTokenizer(small_tokenizer_dir)
+def chat(apertus_tokenizer_dir: Path) -> ChatTokenizer:
+    return ChatTokenizer(apertus_tokenizer_dir)
 
 
 def make_doc(rng: np.random.Generator, n_words: int) -> tuple[str, dict[str, int]]:
@@ -210,12 +210,12 @@ def test_bad_documents_skipped_named_counted(chat: ChatTokenizer, tmp_path: Path
     assert named["too-long"][0].startswith(f"{src}:7:") and named["too-few-words"][0].startswith(f"{src}:8:")
 
 
-def test_cli_writes_indexed_datasets(chat: ChatTokenizer, small_tokenizer_dir: Path, tmp_path: Path,
+def test_cli_writes_indexed_datasets(chat: ChatTokenizer, apertus_tokenizer_dir: Path, tmp_path: Path,
                                      corpus: list, capsys: pytest.CaptureFixture[str]) -> None:
     src = tmp_path / "docs.jsonl"
     src.write_text("".join(json.dumps({"body": text}) + "\n" for _, text, _ in corpus[:8]), encoding="utf-8")
     out = tmp_path / "lc"
-    rc = cli_main(["tokenize", "longcontext", str(src), "--out", str(out), "--tokenizer", str(small_tokenizer_dir),
+    rc = cli_main(["tokenize", "longcontext", str(src), "--out", str(out), "--tokenizer", str(apertus_tokenizer_dir),
                    "--length", str(T), "--text-key", "body", "--seed", "3", "--model", "70b", "--step", "64k"])
     assert rc in (0, None)
     summary = json.loads(capsys.readouterr().out)
