@@ -13,13 +13,13 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from apertus_plugins import plugins
-from apertus_plugins.core.goldfish import VARIANTS
+from apertus_plugins.core.goldfish import VARIANTS, GoldfishConfig
 from apertus_plugins.core.targets import Schedule, TargetConfig
 from apertus_plugins.core.vocab import VocabSpec
 
+from .ademamix import AdEMAMixSettings
 from .errors import ApertusArgumentError
 
 __all__ = ["GROUP_TITLE", "add_apertus_args", "chain_extra_args", "ApertusOptions", "options_from_args",
@@ -153,8 +153,7 @@ class ApertusOptions:
 
     spec: VocabSpec
     targets: TargetConfig
-    goldfish: dict[str, Any] | None
-    goldfish_sft: bool
+    goldfish: GoldfishConfig | None
     sft_prefixes: tuple[str, ...]
     sft_mask: str
     sft_mask_suffix: str
@@ -164,7 +163,7 @@ class ApertusOptions:
     manifest_checksums: bool
     embedding_rows: int | None
     optimizer: str
-    ademamix: dict[str, Any] = field(default_factory=dict)
+    ademamix: AdEMAMixSettings = field(default_factory=AdEMAMixSettings)
     weight_decay_on: str = "all"
     allow_rope_change: bool = False
     empty_steps: str = "skip"
@@ -226,8 +225,8 @@ def _options_from_args(args: argparse.Namespace) -> ApertusOptions:
     if args.apertus_goldfish_k > 0:
         if args.apertus_goldfish_h < 1:
             raise ValueError(f"--apertus-goldfish-h must be >= 1, got {args.apertus_goldfish_h}")
-        goldfish = {"k": args.apertus_goldfish_k, "h": args.apertus_goldfish_h,
-                    "variant": args.apertus_goldfish_variant}
+        goldfish = GoldfishConfig(k=args.apertus_goldfish_k, h=args.apertus_goldfish_h,
+                                  variant=args.apertus_goldfish_variant, on_sft=bool(args.apertus_goldfish_sft))
     both = sorted(set(map(os.path.normpath, args.apertus_sft_data)) & set(
         map(os.path.normpath, getattr(args, "apertus_bfd_data", []))))
     if both:
@@ -241,7 +240,6 @@ def _options_from_args(args: argparse.Namespace) -> ApertusOptions:
         spec=spec,
         targets=targets,
         goldfish=goldfish,
-        goldfish_sft=bool(args.apertus_goldfish_sft),
         sft_prefixes=tuple(os.path.normpath(p) for p in args.apertus_sft_data),
         sft_mask=args.apertus_sft_mask,
         sft_mask_suffix=args.apertus_sft_mask_suffix,
@@ -251,9 +249,9 @@ def _options_from_args(args: argparse.Namespace) -> ApertusOptions:
         manifest_checksums=bool(getattr(args, "apertus_manifest_checksums", False)),
         embedding_rows=rows,
         optimizer=args.apertus_optimizer,
-        ademamix={"beta3": args.apertus_ademamix_beta3, "alpha": args.apertus_ademamix_alpha,
-                  "alpha_warmup": args.apertus_ademamix_alpha_warmup or None,
-                  "beta3_warmup": args.apertus_ademamix_beta3_warmup or None},
+        ademamix=AdEMAMixSettings(beta3=args.apertus_ademamix_beta3, alpha=args.apertus_ademamix_alpha,
+                                  alpha_warmup=args.apertus_ademamix_alpha_warmup or None,
+                                  beta3_warmup=args.apertus_ademamix_beta3_warmup or None),
         weight_decay_on=args.apertus_weight_decay_on,
         allow_rope_change=bool(args.apertus_allow_rope_change),
         empty_steps=getattr(args, "apertus_empty_steps", "skip"),
@@ -286,10 +284,8 @@ def describe_options(options: ApertusOptions) -> str:
                for k, v in options.targets.modality_weights.items()}
     parts = [f"vocabulary {options.spec.size} ids", f"modality weights {weights or 'all 1'}",
              "end-of-document rule " + ("on" if options.targets.end_of_document else "off"),
-             "Goldfish " + (f"k={options.goldfish['k']} h={options.goldfish['h']} {options.goldfish['variant']}"
-                            if options.goldfish else "off"),
-             "optimizer " + ("AdEMAMix " + ", ".join(f"{k}={v}" for k, v in options.ademamix.items())
-                             if options.optimizer == "ademamix" else "Megatron's"),
+             "Goldfish " + (options.goldfish.describe() if options.goldfish else "off"),
+             "optimizer " + ("AdEMAMix " + options.ademamix.describe() if options.optimizer == "ademamix" else "Megatron's"),
              f"weight decay on {options.weight_decay_on}", f"steps without targets: {options.empty_steps}"]
     if options.sft_prefixes:
         parts.append(f"SFT prefixes {list(options.sft_prefixes)} (mask {options.sft_mask})")

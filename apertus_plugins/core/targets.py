@@ -20,6 +20,7 @@ import numpy as np
 
 from ._arrays import like as _like
 from ._arrays import to_numpy as _to_numpy
+from .goldfish import GoldfishConfig
 from .vocab import VocabSpec, default_spec
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "TargetConfig",
     "TargetWeights",
     "pretraining_targets",
+    "sft_targets",
 ]
 
 StartState = Literal["auto", "none", "assistant", "tool_output"]
@@ -296,7 +298,7 @@ def pretraining_targets(
     config: TargetConfig | str = "all",
     *,
     step: float | None = None,
-    goldfish: Mapping[str, Any] | None = None,
+    goldfish: GoldfishConfig | Mapping[str, Any] | None = None,
 ) -> TargetWeights:
     """Per-label loss weights and modality indices for continued pretraining (SPEC.md 4.1).
 
@@ -305,8 +307,8 @@ def pretraining_targets(
         spec: the vocabulary layout (default: the released layout, ``vocab.default_spec()``).
         config: a :class:`TargetConfig` or a preset name (``"all"``, ``"text-only"``).
         step: the training step, needed when a modality weight is scheduled.
-        goldfish: keyword arguments of :func:`apertus_plugins.core.goldfish.goldfish_drop` (``k``, ``h``,
-            ``variant``); dropped labels get weight 0. ``None`` disables Goldfish.
+        goldfish: a :class:`~apertus_plugins.core.goldfish.GoldfishConfig` (or a mapping of its fields
+            ``k``, ``h``, ``variant``); dropped labels get weight 0. ``None`` disables Goldfish.
 
     Weight of label ``j`` (``ids[j+1]``): the weight of its modality at ``step``; 0 if it is an
     excluded id; 0 if its input ``ids[j]`` is the end-of-document token; 0 if Goldfish drops it.
@@ -326,13 +328,42 @@ def pretraining_targets(
         weights[np.isin(labels, excluded)] = 0.0
     if cfg.end_of_document is not None:
         weights[inputs == spec.id(cfg.end_of_document)] = 0.0
-    if goldfish is not None:
-        from .goldfish import goldfish_drop
-
-        opts = dict(goldfish)
-        opts.setdefault("spec", spec)
-        weights[goldfish_drop(labels, **opts)] = 0.0
+    fish = GoldfishConfig.coerce(goldfish)
+    if fish is not None:
+        weights[fish.drop(labels, spec)] = 0.0
     return TargetWeights(weights=_like(weights.astype(np.float32, copy=False), src), modality=_like(modality, src))
+
+
+def sft_targets(
+    ids: Any,
+    spec: VocabSpec | None = None,
+    *,
+    stored: Any = None,
+    goldfish: GoldfishConfig | Mapping[str, Any] | None = None,
+) -> Any:
+    """Which labels an SFT step trains: the SFT mask, less what Goldfish drops when it covers SFT.
+
+    The SFT counterpart of :func:`pretraining_targets`, the one rule the SFT loaders call.
+
+    Args:
+        ids: token ids of one conversation (or a packed row), length ``L``.
+        spec: the vocabulary layout (default: the released layout).
+        stored: a stored mask stream for these ids (:func:`sft_mask_from_stored`, token- or
+            label-aligned) instead of the derived :func:`sft_mask`.
+        goldfish: Goldfish settings; applied only when ``on_sft`` is set (``--apertus-goldfish-sft``),
+            since the report's SFT keeps every assistant label.
+
+    Returns:
+        bool mask of length ``L-1``, like :func:`sft_mask`.
+    """
+    spec = spec or default_spec()
+    arr, src = _to_numpy(ids)
+    keep = np.asarray(sft_mask_from_stored(stored, length=arr.shape[-1]) if stored is not None else sft_mask(arr, spec),
+                      dtype=bool)
+    fish = GoldfishConfig.coerce(goldfish)
+    if fish is not None and fish.on_sft:
+        keep = keep & ~np.asarray(fish.drop(arr[..., 1:], spec), dtype=bool)
+    return _like(keep, src)
 
 
 

@@ -309,3 +309,24 @@ def test_end_of_document_rule_and_goldfish_option() -> None:
     drop = goldfish_drop(text[1:], k=4, h=3, variant="order-sensitive", spec=SPEC)
     assert drop.any()
     assert (out.weights == 0).tolist() == drop.tolist()
+
+
+def test_sft_targets_is_the_sft_mask_less_goldfish_only_when_it_covers_sft() -> None:
+    from apertus_plugins.core.goldfish import GoldfishConfig, goldfish_drop
+    from apertus_plugins.core.targets import sft_targets
+
+    rng = np.random.default_rng(11)
+    body = rng.integers(100, 400, size=300)
+    ids = np.concatenate([[SPEC.bos_id, SPEC.id("user_start"), 120, SPEC.id("user_end"), SPEC.id("assistant_start")],
+                          body, [SPEC.id("assistant_end"), SPEC.eos_id]])
+    derived = sft_mask(ids, SPEC)
+    assert np.array_equal(sft_targets(ids, SPEC), derived)
+    pretraining_only = GoldfishConfig(k=3, h=2)
+    assert np.array_equal(sft_targets(ids, SPEC, goldfish=pretraining_only), derived)
+    on_sft = GoldfishConfig(k=3, h=2, on_sft=True)
+    dropped = goldfish_drop(ids[1:], k=3, h=2, spec=SPEC)
+    want = derived & ~dropped
+    assert dropped[derived].any() and np.array_equal(sft_targets(ids, SPEC, goldfish=on_sft), want)
+    stored = np.zeros(ids.size, dtype=np.uint8)
+    stored[10:20] = 1
+    assert np.array_equal(sft_targets(ids, SPEC, stored=stored), stored[1:].astype(bool))
