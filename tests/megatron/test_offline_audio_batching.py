@@ -203,7 +203,15 @@ def test_interleaved_documents_read_back_by_megatron(tmp_path: Path, audio_tok) 
             expected.append(np.concatenate([[spec.bos_id], seq, [spec.eos_id]]))
     split = int(np.median([d.size for d in expected]))
     out = tmp_path / "out" / "inter"
-    _run("interleaved", jsonl, out, split_tokens=split, batch_size=3)
+    import contextlib
+    import os
+
+    from apertus_plugins.cli import main
+
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):  # the command, in this process
+        assert main(["tokenize", "interleaved", str(jsonl), "--out", str(out), "--tokenizer", str(ws.tokenizer),
+                     "--checkpoint", str(ws.checkpoint), "--split-tokens", str(split), "--batch-size", "3",
+                     "--workers", "0", "--no-progress", "--max-bad-fraction", "1"]) == 0
     short = MegatronIndexedDataset(str(out))
     long = MegatronIndexedDataset(f"{out}.long")
     assert short.index.dtype == np.int32 and long.index.dtype == np.int32
