@@ -10,6 +10,7 @@ Layout on disk for ``--out OUT`` (a local path or a URL of any fsspec filesystem
     OUT.noreason.bin/.idx            sft, --without-reasoning: the copy without reasoning spans
     OUT.noreason.mask.bin/.idx       both of the above
     OUT.noreason.manifest.json       the copy's manifest (with its mask stream)
+    OUT.long.bin/.idx, .manifest.json  interleaved, --split-tokens N: the documents longer than N tokens
     OUT.data-args.txt                --merge parts: the parts with token-count weights, for Megatron-LM's
                                      --data-args-path (and OUT.noreason.data-args.txt)
     OUT.report.json                  the summary report (items written, skipped with reasons, tokens, timing);
