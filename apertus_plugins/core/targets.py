@@ -244,14 +244,21 @@ class TargetConfig:
 
     @classmethod
     def preset(cls, name: str, spec: VocabSpec | None = None) -> TargetConfig:
-        """``"all"``: every modality predicted (stage 1). ``"text-only"``: content codes weigh 0 and
-        the task-control markers are excluded (stage 2 on)."""
+        """The report's stage presets (section 3.2, Table 2).
+
+        ``"all"`` (stage 1): every modality is predicted, the omni markers included. ``"text-only"``
+        (stage 2 on, every long-context step): only text is predicted: every id at or above the text
+        range weighs 0 (the omni block, so the image and audio structure markers and placeholders, and
+        every content-code block, a plugin's included), and the task-control markers
+        (``spec.task_markers``) are excluded by name as well, so that a modality weight given on top
+        (``--apertus-modality-weight omni=1``) still never makes them targets.
+        """
         spec = spec or default_spec()
         if name == "all":
             return cls()
         if name == "text-only":
             return cls(
-                modality_weights={m.name: 0.0 for m in spec.modalities},
+                modality_weights={name: 0.0 for name in spec.modality_names if name != "text"},
                 excluded_names=spec.task_markers,
             )
         raise ValueError(f"unknown target preset {name!r}; choose 'all' or 'text-only'")
