@@ -9,6 +9,7 @@ here imports Megatron.
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,11 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from apertus_plugins import plugins
-from apertus_plugins.core.goldfish import VARIANTS
-from apertus_plugins.core.targets import Schedule, TargetConfig
+from apertus_plugins.core.divergence import note
+from apertus_plugins.core.goldfish import VARIANTS, goldfish_drop
+from apertus_plugins.core.targets import STAGE_TARGETS, Schedule, TargetConfig, stage_targets
 from apertus_plugins.core.vocab import VocabSpec
 
 from .errors import ApertusArgumentError
+
+#: Goldfish's parameters, the report's (section 3.2: Apertus 1.0's, unchanged): the core's defaults.
+GOLDFISH_K: int = inspect.signature(goldfish_drop).parameters["k"].default
+GOLDFISH_H: int = inspect.signature(goldfish_drop).parameters["h"].default
 
 __all__ = ["GROUP_TITLE", "add_apertus_args", "chain_extra_args", "ApertusOptions", "options_from_args",
            "parse_modality_weight", "describe_options"]
@@ -50,9 +56,14 @@ def add_apertus_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                    help="rows of the input embedding and output layer (the released model: 266752): Megatron's "
                    "--padded-vocab-size; default: Megatron's padded vocabulary size")
     # loss targets (SPEC.md 4.1)
-    g.add_argument("--apertus-targets", default="all", choices=("all", "text-only"),
-                   help="stage preset: all (stage 1, every modality predicted) or text-only (stage 2 on: content "
-                   "codes weigh 0, task-control markers excluded)")
+    g.add_argument("--apertus-stage", default=None, choices=tuple(STAGE_TARGETS),
+                   help="the report's continued-pretraining stage this run is (1, 2, 3 or long-context): sets the "
+                   "stage's target preset (1: all; 2, 3, long-context: text-only) unless --apertus-targets names "
+                   "one; a preset that contradicts the stage runs as asked and the divergence is logged once")
+    g.add_argument("--apertus-targets", default=None, choices=("all", "text-only"),
+                   help="target preset: all (stage 1, every modality predicted) or text-only (stage 2 on: only text "
+                   "is predicted; omni markers, codes and task-control markers weigh 0); default: the stage's, "
+                   "else all")
     g.add_argument("--apertus-modality-weight", action="append", default=[], metavar="NAME=W",
                    help="loss weight of a modality (text, omni, image, audio), overriding the preset; W is a number "
                    "or a schedule STEP:VALUE,STEP:VALUE,... (piecewise linear over iterations). Repeatable")
@@ -200,7 +211,9 @@ def _options_from_args(args: argparse.Namespace) -> ApertusOptions:
         raise ValueError(f"--apertus-recipe {args.apertus_recipe}: recipes are expanded by the apertus-megatron launcher; "
                          "run the script through it (apertus-megatron SCRIPT ...)")
     spec = _spec_from_args(args)
-    preset = TargetConfig.preset(args.apertus_targets, spec)
+    stage = getattr(args, "apertus_stage", None)
+    preset_name = stage_targets(stage, args.apertus_targets)
+    preset = TargetConfig.preset(preset_name, spec)
     weights = dict(preset.modality_weights)
     for item in args.apertus_modality_weight:
         name, w = parse_modality_weight(item)
@@ -208,6 +221,15 @@ def _options_from_args(args: argparse.Namespace) -> ApertusOptions:
             raise ValueError(f"--apertus-modality-weight {item!r}: unknown modality {name!r}; this vocabulary has "
                              f"{list(spec.modality_names)}")
         weights[name] = w
+        if preset_name == "text-only" and name != "text" and w != 0.0:
+            note(f"modality-weight:{name}", f"--apertus-modality-weight {item} trains {name} tokens on top of "
+                 "text-only targets; the report predicts text only from stage 2 on, weight 0 on every non-text "
+                 "token (section 3.2, Table 2)")
+    if stage is not None and (args.apertus_goldfish_k, args.apertus_goldfish_h) != (GOLDFISH_K, GOLDFISH_H):
+        note("goldfish", f"stage {stage} runs with --apertus-goldfish-k {args.apertus_goldfish_k} --apertus-goldfish-h "
+             f"{args.apertus_goldfish_h}; the report keeps "
+             f"Apertus 1.0's Goldfish loss (k = {GOLDFISH_K}, h = {GOLDFISH_H}) in every continued-pretraining stage "
+             "(section 3.2)")
     for name in args.apertus_exclude_tokens:
         try:
             spec.id(name)

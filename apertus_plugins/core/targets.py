@@ -30,6 +30,8 @@ __all__ = [
     "TargetConfig",
     "TargetWeights",
     "pretraining_targets",
+    "STAGE_TARGETS",
+    "stage_targets",
 ]
 
 StartState = Literal["auto", "none", "assistant", "tool_output"]
@@ -285,6 +287,34 @@ class TargetConfig:
         """The excluded target ids (int64, sorted)."""
         ids = set(self.excluded_ids) | {spec.id(n) for n in self.excluded_names}
         return np.array(sorted(ids), dtype=np.int64)
+
+
+#: The report's prediction targets per continued-pretraining stage (section 3.2, Table 2: stage 1 all
+#: modalities, stages 2 and 3 text only; section 3.3: the long-context steps continue stage 3's targets).
+STAGE_TARGETS: dict[str, str] = {"1": "all", "2": "text-only", "3": "text-only", "long-context": "text-only"}
+
+
+def stage_targets(stage: str | None, preset: str | None) -> str:
+    """The target preset to train with: ``preset`` when given, else the report's for ``stage`` (else ``"all"``).
+
+    A ``preset`` that contradicts the report's for ``stage`` is kept (the user asked for it) and the
+    divergence is logged once (:func:`apertus_plugins.core.divergence.note`), naming the report's value.
+    """
+    if stage is not None and stage not in STAGE_TARGETS:
+        raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(STAGE_TARGETS)}")
+    if preset is not None and preset not in ("all", "text-only"):
+        raise ValueError(f"unknown target preset {preset!r}; choose 'all' or 'text-only'")
+    if stage is None:
+        return preset or "all"
+    report = STAGE_TARGETS[stage]
+    if preset is not None and preset != report:
+        from .divergence import note
+
+        note(f"targets:{stage}:{preset}",
+             f"stage {stage} trains with {preset!r} targets; the report trains stage {stage} on {report!r} targets "
+             "(section 3.2, Table 2: stage 1 predicts all modalities, stages 2 and 3 and the long-context steps "
+             "text only)")
+    return preset or report
 
 
 @dataclass(frozen=True)

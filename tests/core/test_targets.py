@@ -367,3 +367,28 @@ def test_end_of_document_rule_and_goldfish_option() -> None:
     drop = goldfish_drop(text[1:], k=4, h=3, variant="order-sensitive", spec=SPEC)
     assert drop.any()
     assert (out.weights == 0).tolist() == drop.tolist()
+
+
+def test_stage_targets_follow_the_report_and_log_a_contradiction_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Report Table 2: stage 1 all modalities, stages 2 and 3 (and the long-context steps) text only. A preset
+    that contradicts the stage runs as asked, and the divergence is logged once, naming the report's value."""
+    from apertus_plugins.core.targets import STAGE_TARGETS, stage_targets
+
+    assert STAGE_TARGETS == {"1": "all", "2": "text-only", "3": "text-only", "long-context": "text-only"}
+    assert [stage_targets(s, None) for s in ("1", "2", "3", "long-context")] == ["all", "text-only", "text-only",
+                                                                                  "text-only"]
+    assert stage_targets(None, None) == "all" and stage_targets(None, "text-only") == "text-only"
+    with caplog.at_level("WARNING", logger="apertus_plugins.report"):
+        assert stage_targets("2", "text-only") == "text-only"
+        assert caplog.records == []
+        for _ in range(3):
+            assert stage_targets("1", "text-only") == "text-only"  # kept: the user asked for it
+            assert stage_targets("long-context", "all") == "all"
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2, messages
+    assert "stage 1" in messages[0] and "'all' targets" in messages[0] and "Table 2" in messages[0]
+    assert "stage long-context" in messages[1] and "'text-only' targets" in messages[1]
+    with pytest.raises(ValueError, match="unknown stage"):
+        stage_targets("4", None)
+    with pytest.raises(ValueError, match="preset"):
+        stage_targets("1", "images")
