@@ -19,7 +19,7 @@ from typing import Any
 from apertus_plugins import plugins
 from apertus_plugins.core.divergence import note
 from apertus_plugins.core.goldfish import VARIANTS, goldfish_drop
-from apertus_plugins.core.targets import STAGE_TARGETS, Schedule, TargetConfig, stage_targets
+from apertus_plugins.core.targets import SFT_SPECIALS, STAGE_TARGETS, Schedule, TargetConfig, stage_targets
 from apertus_plugins.core.vocab import VocabSpec
 
 from .errors import ApertusArgumentError
@@ -86,6 +86,10 @@ def add_apertus_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                    "their samples are packed best-fit-decreasing and get the SFT loss mask")
     g.add_argument("--apertus-sft-mask", default="derive", choices=("derive", "stored"),
                    help="derive the SFT mask from the ids on the fly (default) or read the stored mask stream")
+    g.add_argument("--apertus-sft-specials", default="emitted", choices=SFT_SPECIALS,
+                   help="special tokens of an assistant turn that are SFT targets: emitted (default: "
+                   "<|assistant_end|> and the tool-call markers, the tokens the assistant writes) or none (every "
+                   "special token masked, the literal reading of the report's Appendix G)")
     g.add_argument("--apertus-sft-mask-suffix", default=".mask", metavar="SUFFIX",
                    help="the stored mask of PREFIX is the indexed dataset PREFIX+SUFFIX (one uint8 per token)")
     g.add_argument("--apertus-sft-oversize", default="error", choices=("error", "split"),
@@ -181,6 +185,7 @@ class ApertusOptions:
     empty_steps: str = "skip"
     bfd_prefixes: tuple[str, ...] = ()
     pad_multiple: int = 1
+    sft_specials: str = "emitted"
 
 
 def _spec_from_args(args: argparse.Namespace) -> VocabSpec:
@@ -255,6 +260,9 @@ def _options_from_args(args: argparse.Namespace) -> ApertusOptions:
     if both:
         raise ValueError(f"--apertus-bfd-data and --apertus-sft-data both name {', '.join(both)}: a prefix holds either "
                          "pretraining documents or conversations")
+    if args.apertus_sft_mask == "stored" and getattr(args, "apertus_sft_specials", "emitted") != "emitted":
+        raise ValueError("--apertus-sft-specials none derives the SFT mask from the ids; with --apertus-sft-mask "
+                         "stored the stored stream decides (written with the default, emitted): drop one of them")
     rows = getattr(args, "padded_vocab_size", None)
     if rows is not None:
         spec.check_embedding(rows, "embedding (--apertus-embedding-rows / --padded-vocab-size)")
@@ -268,6 +276,7 @@ def _options_from_args(args: argparse.Namespace) -> ApertusOptions:
         sft_mask=args.apertus_sft_mask,
         sft_mask_suffix=args.apertus_sft_mask_suffix,
         sft_oversize=args.apertus_sft_oversize,
+        sft_specials=getattr(args, "apertus_sft_specials", "emitted"),
         packed_sequences=bool(args.apertus_packed_sequences),
         manifest=args.apertus_manifest,
         manifest_checksums=bool(getattr(args, "apertus_manifest_checksums", False)),

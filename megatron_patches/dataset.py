@@ -191,7 +191,7 @@ class ApertusDataset(GPTDataset):
         if self._stored_mask is not None:
             keep = np.asarray(sft_mask_from_stored(self._stored_mask.get(int(seq)), length=ids.size), dtype=bool)
         else:
-            keep = sft_mask(ids, self.spec)
+            keep = sft_mask(ids, self.spec, specials=self.config.apertus.sft_specials)
         opts = self.config.apertus
         if opts.goldfish is not None and opts.goldfish_sft:
             keep = keep & ~goldfish_drop(ids[1:], spec=self.spec, **opts.goldfish)

@@ -24,6 +24,8 @@ from .vocab import VocabSpec, default_spec
 
 __all__ = [
     "StartState",
+    "SftSpecials",
+    "SFT_SPECIALS",
     "sft_mask",
     "sft_mask_from_stored",
     "Schedule",
@@ -35,6 +37,13 @@ __all__ = [
 ]
 
 StartState = Literal["auto", "none", "assistant", "tool_output"]
+#: Which special tokens inside an assistant turn are SFT targets (report Appendix G: "restrict the loss to
+#: assistant regions with special tokens masked"): ``"emitted"`` (the default, the release's reading): the
+#: ones the assistant writes itself, ``<|assistant_end|>`` and the tool-call markers ``<|tools_prefix|>`` /
+#: ``<|tools_suffix|>`` (the released stops; a model that never learns them cannot end a turn or call a
+#: tool), every other special token masked; ``"none"``: the literal reading, every special token masked.
+SftSpecials = Literal["emitted", "none"]
+SFT_SPECIALS: tuple[str, ...] = ("emitted", "none")
 
 #: Markers that change the turn state (closing or opening a turn, or a conversation boundary).
 _TURN_OPENERS_OTHER = ("system_start", "developer_start", "user_start")
@@ -61,6 +70,7 @@ class _SftTables:
         cls[spec.text_size :] = _NEVER  # omni markers and media codes: the LM head predicts text only
         self.cls = cls
         self.size = size
+        self.special = spec.special_mask(size)
 
 
 _TABLE_CACHE: dict[int, tuple[VocabSpec, _SftTables]] = {}
@@ -81,7 +91,7 @@ def _check_ids(arr: np.ndarray, size: int) -> np.ndarray:
     return ids
 
 
-def _sft_mask_1d(ids: np.ndarray, tables: _SftTables, start_inside: str) -> np.ndarray:
+def _sft_mask_1d(ids: np.ndarray, tables: _SftTables, start_inside: str, specials: str = "emitted") -> np.ndarray:
     n = ids.size
     if n < 2:
         return np.zeros(max(n - 1, 0), dtype=bool)
@@ -112,10 +122,13 @@ def _sft_mask_1d(ids: np.ndarray, tables: _SftTables, start_inside: str) -> np.n
     bounds[-1] = n - 1
     trained = np.repeat(state, np.diff(bounds))
     trained &= (cls == _PLAIN) | (cls == _A_END)  # every other marker, and _NEVER, is never a target
+    if specials == "none":
+        trained &= ~tables.special[ids]
     return trained[1:]
 
 
-def sft_mask(ids: Any, spec: VocabSpec | None = None, *, start_inside: StartState = "auto") -> Any:
+def sft_mask(ids: Any, spec: VocabSpec | None = None, *, start_inside: StartState = "auto",
+             specials: SftSpecials = "emitted") -> Any:
     """The SFT loss mask of a token sequence, computed on its labels (SPEC.md 4.2).
 
     Args:
@@ -127,6 +140,10 @@ def sft_mask(ids: Any, spec: VocabSpec | None = None, *, start_inside: StartStat
             from the first state marker of the sequence (``<|assistant_end|>`` or
             ``<|tool_output_start|>`` first -> assistant; ``<|tool_output_end|>`` first -> tool
             output; any other turn marker, BOS/EOS, or no marker at all -> none).
+        specials: which special tokens of an assistant turn are targets (:data:`SftSpecials`):
+            ``"emitted"`` (default) trains ``<|assistant_end|>`` and the tool-call markers, the tokens the
+            assistant writes and the released stops; ``"none"`` masks every special token (the literal
+            reading of the report's "special tokens masked", Appendix G).
 
     Returns:
         bool array of length ``L-1`` (``(B, L-1)``); entry ``j`` says whether label ``j`` (``ids[j+1]``)
@@ -147,20 +164,24 @@ def sft_mask(ids: Any, spec: VocabSpec | None = None, *, start_inside: StartStat
       trained when it closes an assistant turn outside a tool output), BOS, EOS, ``<pad>``, and every
       id at or above the text boundary (omni markers and media codes: the LM head predicts text).
 
-    Thinking delimiters and tool-call markers are plain tokens: trained inside assistant turns.
+    Thinking delimiters and tool-call markers are plain tokens: trained inside assistant turns (with
+    ``specials="none"`` the tool-call markers and ``<|assistant_end|>``, special tokens, are masked too;
+    the thinking delimiters are no special tokens and stay trained).
     """
     spec = spec or default_spec()
     if start_inside not in ("auto", "none", "assistant", "tool_output"):
         raise ValueError(f"start_inside must be auto, none, assistant or tool_output, got {start_inside!r}")
+    if specials not in SFT_SPECIALS:
+        raise ValueError(f"specials must be one of {', '.join(SFT_SPECIALS)}, got {specials!r}")
     arr, src = _to_numpy(ids)
     tables = _sft_tables(spec)
     if arr.ndim == 1:
-        out = _sft_mask_1d(_check_ids(arr, tables.size), tables, start_inside)
+        out = _sft_mask_1d(_check_ids(arr, tables.size), tables, start_inside, specials)
     elif arr.ndim == 2:
         checked = _check_ids(arr, tables.size)
         out = np.zeros((arr.shape[0], max(arr.shape[1] - 1, 0)), dtype=bool)
         for b in range(arr.shape[0]):
-            out[b] = _sft_mask_1d(checked[b], tables, start_inside)
+            out[b] = _sft_mask_1d(checked[b], tables, start_inside, specials)
     else:
         raise ValueError(f"ids must be 1-D or 2-D, got shape {arr.shape}")
     return _like(out, src)

@@ -392,3 +392,27 @@ def test_stage_targets_follow_the_report_and_log_a_contradiction_once(caplog: py
         stage_targets("4", None)
     with pytest.raises(ValueError, match="preset"):
         stage_targets("1", "images")
+
+
+def test_sft_specials_option() -> None:
+    """Appendix G, "special tokens masked": by default (``emitted``) the tokens the assistant writes itself, the
+    released stops <|assistant_end|> and <|tools_suffix|> and the call opener <|tools_prefix|>, are targets; the
+    named alternative ``none`` masks every special token of the turn. The thinking delimiters are no special
+    tokens: trained either way."""
+    for spec in (SPEC, FULL):
+        I = spec.id  # noqa: E741
+        ids = [I("bos"), I("user_start"), 100, I("user_end"), I("assistant_start"), I("inner_prefix"), 101,
+               I("inner_suffix"), I("tools_prefix"), 102, I("tools_suffix"), I("tool_output_start"), 103,
+               I("tool_output_end"), 104, I("assistant_end"), I("eos")]
+        labels = ids[1:]
+        emitted = sft_mask(ids, spec).tolist()
+        none = sft_mask(ids, spec, specials="none").tolist()
+        trained = {spec.id_to_name.get(t, t) for t, k in zip(labels, emitted, strict=True) if k}
+        assert trained == {"inner_prefix", 101, "inner_suffix", "tools_prefix", 102, "tools_suffix", 104,
+                           "assistant_end"}
+        trained_none = {spec.id_to_name.get(t, t) for t, k in zip(labels, none, strict=True) if k}
+        assert trained_none == {"inner_prefix", 101, "inner_suffix", 102, 104}
+        # the turn state is the same: only the special labels differ
+        assert [a and not (t in spec.special_ids) for a, t in zip(emitted, labels, strict=True)] == none
+    with pytest.raises(ValueError, match="specials"):
+        sft_mask([1, 2], SPEC, specials="some")
