@@ -413,6 +413,6 @@ def test_sft_specials_option() -> None:
         trained_none = {spec.id_to_name.get(t, t) for t, k in zip(labels, none, strict=True) if k}
         assert trained_none == {"inner_prefix", 101, "inner_suffix", 102, 104}
         # the turn state is the same: only the special labels differ
-        assert [a and not (t in spec.special_ids) for a, t in zip(emitted, labels, strict=True)] == none
+        assert [a and t not in spec.special_ids for a, t in zip(emitted, labels, strict=True)] == none
     with pytest.raises(ValueError, match="specials"):
         sft_mask([1, 2], SPEC, specials="some")
