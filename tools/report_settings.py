@@ -264,6 +264,10 @@ def _fmt(x: Any) -> str:
     return str(x)
 
 
+def _code(row: Row) -> str:
+    return _fmt(row.code["value"]) if row.locator else "not in the code"
+
+
 def _cell(text: Any) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
@@ -295,7 +299,7 @@ def render(rows: list[Row]) -> str:
     for r in rows:
         if r.status == "differs":
             out.append(f"| {_cell(r.setting)} (`{r.id}`) | {_cell(_fmt(r.report['value']))} ({_cell(r.report['where'])})"
-                       f" | {_cell(_fmt(r.code['value']))} | {_cell(r.reason)} |")
+                       f" | {_cell(_code(r))} | {_cell(r.reason)} |")
     out += ["", "## Readings of silent or ambiguous passages", "", "| setting | reading chosen |", "| --- | --- |"]
     for r in rows:
         if r.reading:
@@ -312,7 +316,7 @@ def render(rows: list[Row]) -> str:
             out += ["", f"### {area.replace('_', ' ')}", "", "| setting | the report | where | the code | read at | status |",
                     "| --- | --- | --- | --- | --- | --- |"]
         out.append(f"| {_cell(r.setting)} | {_cell(_fmt(r.report['value']))} | {_cell(r.report['where'])}: "
-                   f"\"{_cell(r.report['quote'])}\" | {_cell(_fmt(r.code['value']))} | "
+                   f"\"{_cell(r.report['quote'])}\" | {_cell(_code(r))} | "
                    f"`{_cell(r.locator or '-')}` | {r.status} |")
     return "\n".join(out) + "\n"
 
