@@ -69,3 +69,24 @@ def test_a_stage_sets_the_reports_targets_and_a_contradiction_is_logged_once(
     assert "'text-only' targets" in messages[0] and "Table 2" in messages[0]
     assert "--apertus-modality-weight image=0.5" in messages[1] and "text only" in messages[1]
     assert "k = 50, h = 50" in messages[2]
+
+
+def test_all_modality_targets_on_a_long_context_recipe_run_and_are_logged(
+        tokenizer_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A stage-2+ recipe with --apertus-targets all: the user's flag wins over the recipe's, the recipe's stage
+    stays, and the divergence names the report's value."""
+    from megatron_patches.recipes import expand_recipes
+
+    from apertus_plugins.core import divergence
+
+    argv, _report = expand_recipes(["--apertus-recipe", "long-context-8b-64k", "--apertus-targets", "all"])
+    assert argv[argv.index("--apertus-stage") + 1] == "long-context"
+    assert argv[argv.index("--apertus-targets") + 1] == "all" and argv.count("--apertus-targets") == 1
+    parser = argparse.ArgumentParser()
+    add_apertus_args(parser)
+    known, _ = parser.parse_known_args([*argv, "--apertus-tokenizer", str(tokenizer_dir)])
+    with caplog.at_level(logging.WARNING, logger="apertus_plugins.report"):
+        opts = options_from_args(known)
+    assert opts.targets.modality_weights == {}  # every modality trained, as asked
+    # logged once per process: here, or by an earlier test of this module with the same stage and preset
+    assert "targets:long-context:all" in divergence.seen()
