@@ -75,9 +75,8 @@ def test_all_modality_targets_on_a_long_context_recipe_run_and_are_logged(
         tokenizer_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A stage-2+ recipe with --apertus-targets all: the user's flag wins over the recipe's, the recipe's stage
     stays, and the divergence names the report's value."""
-    from megatron_patches.recipes import expand_recipes
-
     from apertus_plugins.core import divergence
+    from megatron_patches.recipes import expand_recipes
 
     argv, _report = expand_recipes(["--apertus-recipe", "long-context-8b-64k", "--apertus-targets", "all"])
     assert argv[argv.index("--apertus-stage") + 1] == "long-context"
