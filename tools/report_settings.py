@@ -332,7 +332,7 @@ def main(argv: list[str]) -> int:
         print(f"wrote {DOCS_PAGE.relative_to(ROOT)} ({len(rows)} rows)")
     if args.list or not args.write:
         for r in rows:
-            print(f"{r.status:15} {r.suite:9} {r.id}: report {_fmt(r.report['value'])}, code {_fmt(r.code['value'])}")
+            print(f"{r.status:15} {r.suite:9} {r.id}: report {_fmt(r.report['value'])}; code {_code(r)}")
     return 0
 
 
