@@ -207,9 +207,10 @@ def _refuse(reason: str) -> None:
         from vllm import ModelRegistry
 
         if _upstream_model(ModelRegistry) is None and ARCHITECTURE not in ModelRegistry.get_supported_archs():
-            from . import configs  # transformers only: the checkpoint's config loads, so vLLM reaches the refusal
+            from . import configs, refused  # configs: transformers only, so vLLM reaches the refusal
             from .refused import RefusedApertus1p5, RefusedConfigHook
 
+            refused.MESSAGE = _refusal
             configs.register()
             ModelRegistry.register_model(ARCHITECTURE, RefusedApertus1p5)
             from vllm.model_executor.models.config import MODELS_CONFIG_MAP

@@ -12,18 +12,23 @@ from typing import Any
 
 import torch
 
-__all__ = ["RefusedApertus1p5", "RefusedConfigHook", "refuse"]
+from apertus_plugins.infra.versions import UnsupportedVersionError
+
+__all__ = ["MESSAGE", "RefusedApertus1p5", "RefusedConfigHook", "refuse"]
+
+
+#: The message :func:`vllm_model.register` logged (it sets it before registering the stand-in).
+MESSAGE = "apertus-plugins does not support the installed vLLM"
 
 
 def refuse() -> None:
     """Raise the error :func:`vllm_model.register` logged (the supported range and ``VLLM_PLUGINS=``)."""
-    from . import UnsupportedVLLMError, refusal
-
-    raise UnsupportedVLLMError(refusal() or "apertus-plugins does not support the installed vLLM")
+    raise UnsupportedVersionError(MESSAGE)
 
 
 class RefusedApertus1p5(torch.nn.Module):
-    """Answers to the architecture name; building it raises :class:`vllm_model.UnsupportedVLLMError`."""
+    """Answers to the architecture name; building it raises :class:`vllm_model.UnsupportedVLLMError`
+    (:class:`~apertus_plugins.infra.versions.UnsupportedVersionError`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__()
