@@ -66,7 +66,17 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def import_megatron_bridge() -> types.ModuleType:
-    """``import megatron.bridge`` without Transformer Engine (see the module); returns the package."""
+    """``import megatron.bridge`` without Transformer Engine (see the module); returns the package.
+
+    Where Transformer Engine is installed and imports (a GPU machine), it is a plain import."""
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception:  # noqa: BLE001 - absent, or present without its CUDA libraries
+        pass
+    else:
+        import megatron.bridge
+
+        return megatron.bridge
     import megatron.core.models.gpt.gpt_layer_specs as specs  # megatron-core probes for TE first, for real
 
     finder = _Finder()
