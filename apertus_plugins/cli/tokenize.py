@@ -1,4 +1,5 @@
-"""``apertus tokenize pretrain|sft SOURCE... --out PREFIX``: media and conversations -> Megatron indexed datasets."""
+"""``apertus tokenize pretrain|sft|longcontext SOURCE... --out PREFIX``: media, conversations and the synthetic
+long-context tasks -> Megatron indexed datasets."""
 
 from __future__ import annotations
 
@@ -145,6 +146,82 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sft.add_argument("--media-root", metavar="DIR",
                      help="relative media paths are resolved here (default: the JSONL file's folder)")
     sft.set_defaults(func=run)
+    _add_longcontext(kinds)
+
+
+_LONGCONTEXT = """\
+Generate the synthetic long-context tasks of the report (section 3.3, Appendix F; Table 8 for
+long-context SFT) from the texts of JSONL files: common-word extraction (CWE), document-order
+reconstruction (DocOrder) and artificial needles, each example one tokenized conversation whose
+loss mask trains the answers only. Source documents of a quarter to half the target length make
+hard examples (10 CWE questions, 8 DocOrder sections), longer ones easy examples (5 questions, 4
+sections); needles take lengths from a quarter of the target to the target. Empty, too short, too
+long or unreadable documents are skipped, named and counted. The tasks' token shares follow the
+report's mix for --model and --step (or --mix). Streams: one example in memory at a time.
+
+Writes PREFIX.bin/.idx (name it in --apertus-sft-data of the long-context recipes), the mask
+stream PREFIX.mask.bin/.idx (--apertus-sft-mask stored), PREFIX.examples.jsonl (each example's
+task, bucket, source and answers), PREFIX.report.json and PREFIX.manifest.json.
+"""
+
+
+def _add_longcontext(kinds: argparse._SubParsersAction) -> None:
+    from apertus_plugins.core.longcontext import STEPS
+
+    lc = kinds.add_parser("longcontext", help="synthetic long-context tasks (CWE, DocOrder, needles) from JSONL texts",
+                          description=_LONGCONTEXT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    lc.add_argument("sources", nargs="*", metavar="JSONL", help="JSONL files of source documents (none: needles only)")
+    lc.add_argument("--out", required=True, metavar="PREFIX", help="output prefix")
+    lc.add_argument("--tokenizer", required=True, metavar="DIR", help="tokenizer directory or Hub id")
+    lc.add_argument("--step", default="32k", choices=tuple(STEPS),
+                    help="the long-context step (32k, 64k, 128k, 256k: the extension; sft: long-context SFT); sets "
+                         "the target length and the report's task mix (default 32k)")
+    lc.add_argument("--model", default="8b", choices=("8b", "70b"), help="whose mix (Tables F.1/F.2, 8; default 8b)")
+    lc.add_argument("--length", type=int, metavar="TOKENS", help="target length (default: the step's)")
+    lc.add_argument("--mix", type=_mix, metavar="cwe=W,docorder=W,needles=W",
+                    help="token shares of the tasks instead of the report's")
+    lc.add_argument("--seed", type=int, default=0, help="seed of every draw (default 0)")
+    lc.add_argument("--text-key", default="text", help="the key of a record's text (default text)")
+    lc.add_argument("--max-tokens", type=int, metavar="N", help="stop after N tokens (default: the documents' end)")
+    lc.add_argument("--max-examples", type=int, metavar="N", help="stop after N examples")
+    lc.set_defaults(func=run_longcontext)
+
+
+def _mix(text: str) -> dict[str, float]:
+    from apertus_plugins.core.longcontext import TASKS
+
+    out: dict[str, float] = {}
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = -1.0
+        if not sep or name.strip() not in TASKS or weight < 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=WEIGHT,... with NAME one of {', '.join(TASKS)} "
+                                             "and WEIGHT a non-negative number")
+        out[name.strip()] = weight
+    return out
+
+
+def run_longcontext(args: argparse.Namespace) -> int:
+    import json
+
+    from apertus_plugins.core.chat import ChatTokenizer
+    from apertus_plugins.core.longcontext import STEPS, report_mix
+    from apertus_plugins.data.longcontext import write_long_context
+    from apertus_plugins.infra.hub import local_path
+
+    tokenizer = local_path(args.tokenizer, weights=False, what="--tokenizer")
+    mix = args.mix if args.mix is not None else report_mix(args.model, args.step)
+    length = args.length if args.length is not None else STEPS[args.step]
+    describe = {"step": args.step, "model": args.model, "mix_from": "--mix" if args.mix else "report"}
+    report = write_long_context(args.sources, args.out, ChatTokenizer(tokenizer), length=length, mix=mix,
+                                seed=args.seed, max_tokens=args.max_tokens, max_examples=args.max_examples,
+                                text_key=args.text_key, describe=describe)
+    summary = {k: report[k] for k in ("examples", "buckets", "tokens", "shares", "skipped", "shortest", "longest")}
+    print(json.dumps(summary, indent=2))
+    return 0
 
 
 def resolve_inputs(tokenizer: str | None, checkpoint: str | None) -> tuple[str, str | None]:
