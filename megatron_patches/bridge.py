@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from importlib.metadata import version as _dist_version
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 
 from apertus_plugins.core.tensor_names import ENCODER_PREFIXES, LM_HEAD, is_text_tensor
 from apertus_plugins.core.vocab import VocabSpec, default_spec
+from apertus_plugins.infra.versions import require
 
 from .convert import (
     ConversionError,
@@ -69,8 +71,9 @@ from .convert import (
 from .spec import apertus_layer_spec, check_apertus_config, checkpoint_to_local_name
 from .version import require_supported
 
-# the version check follows the imports (import order): an unsupported megatron-core stops here
+# the version checks follow the imports (import order): an unsupported megatron-core or Megatron-Bridge stops here
 require_supported()
+require("megatron-bridge", _dist_version("megatron-bridge"))  # installed: the imports above worked
 
 __all__ = ["ARCHITECTURE", "HEAD_SEED", "Apertus1p5Bridge", "ApertusModelProvider", "check_vocab_layout"]
 
