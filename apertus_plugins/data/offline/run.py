@@ -58,10 +58,12 @@ from apertus_plugins.data.offline import storage
 
 from .config import TokenizeConfig, canonical_json
 from .execute import Executor, RunError, make_executor
+from .faults import fault_point, peak_rss_mb
 from .plan import PLAN_FORMAT, PLAN_VERSION, BatchRef, Layout, part_windows
 from .progress import Progress, Skipped, bar
 from .sources import list_shards
-from .worker import count_lines, fault_point, megatron_builder, merge_part, peak_rss_mb, plan_part, plan_shard
+from .steps.merge import concatenate
+from .worker import count_lines, merge_part, plan_part, plan_shard
 
 __all__ = ["REPORT_FORMAT", "RunError", "tokenize", "format_report"]
 
@@ -460,43 +462,28 @@ def _merge_parts(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], ex: 
 
 
 def _concat(cfg: TokenizeConfig, layout: Layout, parts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """``single``: the merged parts, in plan order, into one dataset per stream; their manifest entries."""
-    import shutil
-    import tempfile
-
+    """``single``: the merged parts, in plan order, into one dataset per stream (:func:`.steps.concatenate`,
+    the merge path of the parts too); the manifest entries of the outputs that are not local."""
     from apertus_plugins.data.manifest import describe_dataset
 
-    builder_cls = megatron_builder()
-    written = [s["part"] for s in parts if s["documents"]]
-    docs = sum(s["documents"] for s in parts)
+    written = [s for s in parts if s["documents"]]
     entries: dict[str, dict[str, Any]] = {}
-    tmp_dir = tempfile.mkdtemp(prefix="apertus-out-")
-    try:
-        with bar(cfg.progress, desc="write", unit=" doc", total=docs * len(cfg.streams())) as b:
-            for n, stream in enumerate(cfg.streams()):
-                final = cfg.prefix(stream)
-                local = storage.is_local(final)
-                target = f"{storage.local_path(final)}.tmp" if local else os.path.join(tmp_dir, f"out{n}")
-                if local:
-                    os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-                builder = builder_cls(f"{target}.bin", dtype=np.dtype(stream.dtype).type)
-                merged = [layout.merged_prefix(p, stream.suffix) for p in written]
-                with storage.local_copy([f"{m}{e}" for m in merged for e in (".bin", ".idx")]) as paths:
-                    for k, p in enumerate(written):
-                        builder.add_index(paths[2 * k][: -len(".bin")])
-                        b.update(next(s["documents"] for s in parts if s["part"] == p))
-                        if n == 0:
-                            fault_point("merge-mid", k + 1)
-                builder.finalize(f"{target}.idx")
-                for ext in (".bin", ".idx"):
-                    with open(f"{target}{ext}", "rb") as fh:
-                        os.fsync(fh.fileno())
-                if not local:
+    total = sum(s["documents"] for s in parts) * len(cfg.streams())
+    with bar(cfg.progress, desc="write", unit=" doc", total=total) as b:
+        for n, stream in enumerate(cfg.streams()):
+            final = cfg.prefix(stream)
+
+            def added(k: int, first: bool = n == 0) -> None:
+                b.update(written[k]["documents"])
+                if first:
+                    fault_point("merge-mid", k + 1)
+
+            def inspect(target: str, final: str = final) -> None:
+                if not storage.is_local(final):
                     entries[final] = dict(describe_dataset(target), prefix=final)
-                for ext in (".bin", ".idx"):
-                    storage.upload(f"{target}{ext}", f"{final}{ext}")
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+            concatenate([layout.merged_prefix(s["part"], stream.suffix) for s in written], final, stream.dtype,
+                         added=added, inspect=inspect)
     return entries
 
 
