@@ -27,7 +27,7 @@ from .progress import Skipped, bar
 from .sources import list_shards
 from .worker import count_lines, plan_part, plan_shard
 
-__all__ = ["PlanInfo", "Planner", "listing_lines", "check_settings", "diff"]
+__all__ = ["PlanInfo", "Listing", "Planner", "listing_lines", "check_settings", "diff"]
 
 
 @dataclass
@@ -88,33 +88,14 @@ class ScanTally:
         self.rss = max(self.rss, summary["worker"]["peak_rss_mb"])
 
 
-class Planner:
-    """Plan a run (or resume its plan): :meth:`run` gives the :class:`Plan` and what planning cost."""
+class Listing:
+    """The inputs cut into planning shards (``plan/shards.jsonl``, then ``plan/listing.json``), or, on
+    resume, a check that the inputs still give the same shards."""
 
-    def __init__(self, cfg: TokenizeConfig, layout: Layout, ex: Executor) -> None:
-        self.cfg, self.layout, self.ex = cfg, layout, ex
+    def __init__(self, cfg: TokenizeConfig, layout: Layout) -> None:
+        self.cfg, self.layout = cfg, layout
 
-    def run(self) -> tuple[Plan, PlanInfo]:
-        t0 = time.perf_counter()
-        listing = self.list()
-        if storage.isfile(self.layout.plan):
-            return self.resume(t0)
-        splits = self.line_counts()
-        t_scan = time.perf_counter()
-        tally = self.scan(listing["shards"], splits)
-        scan_s = time.perf_counter() - t_scan
-        if self.cfg.checkpoint is None and tally.media:
-            raise RunError(f"the inputs hold {' and '.join(sorted(tally.media))} items: pass --checkpoint DIR (the "
-                           "media encoders)")
-        parts, rss = self.batch(tally.counts)
-        plan = self.assemble(listing, tally, parts)
-        storage.write_json(self.layout.plan, plan.to_json())
-        total = plan.total_items
-        return plan, PlanInfo(time.perf_counter() - t0, False, tally.resumed, max(tally.rss, rss), round(scan_s, 3),
-                              round(total / scan_s, 1) if scan_s > 0 else 0.0)
-
-    # ------------------------------------------------------------------ listing
-    def list(self) -> dict[str, Any]:
+    def __call__(self) -> dict[str, Any]:
         """The planning shards of the inputs (``plan/shards.jsonl``), or a check that an earlier listing holds."""
         cfg, layout = self.cfg, self.layout
         if storage.isfile(layout.listing):
@@ -151,6 +132,32 @@ class Planner:
             if next(old, None) is not None:
                 raise RunError(f"the inputs changed since {where} was made (fewer files now); pass --restart to "
                                "plan again")
+
+
+class Planner:
+    """Plan a run (or resume its plan): :meth:`run` gives the :class:`Plan` and what planning cost."""
+
+    def __init__(self, cfg: TokenizeConfig, layout: Layout, ex: Executor) -> None:
+        self.cfg, self.layout, self.ex = cfg, layout, ex
+
+    def run(self) -> tuple[Plan, PlanInfo]:
+        t0 = time.perf_counter()
+        listing = Listing(self.cfg, self.layout)()
+        if storage.isfile(self.layout.plan):
+            return self.resume(t0)
+        splits = self.line_counts()
+        t_scan = time.perf_counter()
+        tally = self.scan(listing["shards"], splits)
+        scan_s = time.perf_counter() - t_scan
+        if self.cfg.checkpoint is None and tally.media:
+            raise RunError(f"the inputs hold {' and '.join(sorted(tally.media))} items: pass --checkpoint DIR (the "
+                           "media encoders)")
+        parts, rss = self.batch(tally.counts)
+        plan = self.assemble(listing, tally, parts)
+        storage.write_json(self.layout.plan, plan.to_json())
+        total = plan.total_items
+        return plan, PlanInfo(time.perf_counter() - t0, False, tally.resumed, max(tally.rss, rss), round(scan_s, 3),
+                              round(total / scan_s, 1) if scan_s > 0 else 0.0)
 
     def resume(self, t0: float) -> tuple[Plan, PlanInfo]:
         """The plan of an earlier run, checked against the settings and the media files it references."""

@@ -31,8 +31,9 @@ merged bytes depend only on the plan, so they equal those of an uninterrupted ru
 count, local or on Ray. No process holds the plan whole: the driver holds a table with a row per
 shard, and each task reads only its own slice.
 
+Planning is :class:`.planner.Planner`; each task is a step of :mod:`.steps` run by :mod:`.worker`.
 A bad item costs only itself: whatever one item raises while it is planned, decoded, encoded or
-made a document skips that item (:mod:`.worker`), recorded in its shard's summary or its batch's
+made a document skips that item, recorded in its shard's summary or its batch's
 record, so a resumed run does not try it again. :class:`BadFraction` stops a run whose inputs are
 mostly broken (``--max-bad-fraction``), with a report of what was skipped so far.
 """
