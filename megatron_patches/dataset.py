@@ -188,7 +188,8 @@ class ApertusDataset(GPTDataset):
             weights = pretraining_targets(ids, self.spec, self.keep_config, goldfish=self.config.apertus.goldfish).weights
             return ids, weights > 0
         stored = self._stored_mask.get(int(seq)) if self._stored_mask is not None else None
-        return ids, sft_targets(ids, self.spec, stored=stored, goldfish=self.config.apertus.goldfish)
+        opts = self.config.apertus
+        return ids, sft_targets(ids, self.spec, stored=stored, goldfish=opts.goldfish, specials=opts.sft_specials)
 
     def _sft_sample(self, sample: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(ids of S+1 tokens, keep mask of the S labels, document ids and positions of the S inputs)."""

@@ -146,7 +146,7 @@ def test_launcher_runs_the_script_as_main(tmp_path: Path, tokenizer_dir: Path) -
     # megatron-core 0.16's wheel has no megatron.training (form None); 0.19's packages it (form "0.19")
     version = megatron_core_version()
     form = "None" if require_supported() == (0, 16) else "0.19"
-    assert f"main 42 True {version} {form} 0.5 {{'image': 0.0, 'audio': 0.0}} 7" in out.stdout
+    assert f"main 42 True {version} {form} 0.5 {{'omni': 0.0, 'image': 0.0, 'audio': 0.0}} 7" in out.stdout
 
 
 def test_launcher_errors(tmp_path: Path) -> None:
