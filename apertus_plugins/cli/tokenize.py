@@ -1,11 +1,12 @@
-"""``apertus tokenize pretrain|sft|longcontext SOURCE... --out PREFIX``: media, conversations and the synthetic
-long-context tasks -> Megatron indexed datasets."""
+"""``apertus tokenize pretrain|sft|interleaved|longcontext SOURCE... --out PREFIX``: media, conversations,
+interleaved speech-text recordings and the synthetic long-context tasks -> Megatron indexed datasets."""
 
 from __future__ import annotations
 
 import argparse
 
 from apertus_plugins.cli.encode import add_media_cache_args
+from apertus_plugins.data.offline.batching import AUDIO_BATCHINGS
 from apertus_plugins.data.offline.config import (
     AUDIO_TASKS,
     CAPTIONS,
@@ -36,6 +37,14 @@ inputs are mostly broken stops with its report (--max-bad-fraction).
             document: BOS + image or audio sequence (+ caption / transcript) + EOS.
   sft:      JSONL conversations (OpenAI or Apertus message shape, media by path); one conversation
             per document, rendered with the training template.
+  interleaved: JSONL recordings, one per line: {"clips": [{"audio": PATH, "text": TRANSCRIPT}, ...]}
+            in recording order; the report's interleaved speech-text sequences (section 2.2.4), one
+            per document (--split-tokens 8192: longer ones to PREFIX.long, the long-context pool).
+
+Audio batching: by default clips share an encoder batch only with clips of identical length
+(codes equal single-clip encoding and do not depend on the batch). --audio-batching report
+batches as the report's pipeline did (section 2.3.2): duration buckets, batches capped by total
+audio duration, clips padded to the longest, the last five codes of a padded clip dropped.
 
 --checkpoint and --tokenizer take a directory or a Hub id ORG/NAME[@REVISION] (the Hugging Face
 cache; only the encoder shards of a checkpoint are fetched). --tokenizer defaults to the
@@ -64,6 +73,14 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "(16777216); an item above a limit is skipped, named, with its reason")
     p.add_argument("--batch-size", type=int, default=32, help="most items per batch (default 32)")
     p.add_argument("--batch-codes", type=int, default=65536, help="most media codes per batch (default 65536)")
+    p.add_argument("--audio-batching", default="exact", choices=AUDIO_BATCHINGS,
+                   help="exact (default): clips batched only by identical length, every code kept; report: duration "
+                        "buckets, clips padded to the longest of their batch, the last five codes of a padded clip "
+                        "dropped (report 2.3.2)")
+    p.add_argument("--audio-batch-seconds", type=float, default=1500.0, metavar="S",
+                   help="report batching: most seconds of audio per batch (default 1500)")
+    p.add_argument("--audio-buckets", type=int, default=20, metavar="N",
+                   help="report batching: duration buckets (default 20)")
     p.add_argument("--workers", type=int, default=default_workers(),
                    help=f"local worker processes (default {default_workers()}; 0: in this process)")
     p.add_argument("--ray-address", metavar="ADDR",
@@ -146,6 +163,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sft.add_argument("--media-root", metavar="DIR",
                      help="relative media paths are resolved here (default: the JSONL file's folder)")
     sft.set_defaults(func=run)
+    inter = kinds.add_parser("interleaved", help="JSONL recordings: the report's interleaved speech-text sequences",
+                             description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(inter)
+    inter.add_argument("--split-tokens", type=int, default=0, metavar="N",
+                       help="write sequences longer than N tokens to PREFIX.long (the report: 8192 between stage 2 "
+                            "and the long-context extension; default 0: no cut)")
+    inter.add_argument("--media-root", metavar="DIR",
+                       help="relative clip paths are resolved here (default: the JSONL file's folder)")
+    inter.add_argument("--no-bos", action="store_true", help="documents do not start with BOS")
+    inter.add_argument("--no-eos", action="store_true", help="documents do not end with EOS")
+    inter.set_defaults(func=run)
     _add_longcontext(kinds)
 
 
@@ -275,9 +303,14 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress, keep_work=args.keep_work, restart=args.restart, merge=args.merge,
         plan_files=args.plan_files, plan_bytes=args.plan_bytes, encoders=args.encoders, plan_only=args.plan_only,
         max_bad_fraction=args.max_bad_fraction, media_cache=args.media_cache, media_cache_size=args.media_cache_size,
+        audio_batching=args.audio_batching, audio_batch_seconds=args.audio_batch_seconds,
+        audio_buckets=args.audio_buckets,
     )
     if args.kind == "pretrain":
         cfg = TokenizeConfig(**common, audio_task=args.audio_task, captions=args.captions, window=args.window,
+                             bos=not args.no_bos, eos=not args.no_eos)
+    elif args.kind == "interleaved":
+        cfg = TokenizeConfig(**common, split_tokens=args.split_tokens, media_root=args.media_root,
                              bos=not args.no_bos, eos=not args.no_eos)
     else:
         cfg = TokenizeConfig(**common, without_reasoning=args.without_reasoning, mask_stream=args.mask_stream,

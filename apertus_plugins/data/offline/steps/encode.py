@@ -39,7 +39,10 @@ class Encode:
         t0 = time.perf_counter()
         out = Encoded(load_s=load_s)
         for kind in kinds:
-            out.codes[kind], bad = self.isolated(kind, arrays[kind][1])
+            if kind == "audio" and self.ctx.cfg.audio_batching == "report":
+                out.codes[kind], bad = self.padded(arrays[kind][1])
+            else:
+                out.codes[kind], bad = self.isolated(kind, arrays[kind][1])
             if bad:
                 out.failed[kind] = bad
         out.encode_s = time.perf_counter() - t0
@@ -51,7 +54,31 @@ class Encode:
             out.media_cache = {"hits": cache.hits - before[0], "misses": cache.misses - before[1]}
         return out
 
-    def isolated(self, kind: str, arrays: list[np.ndarray]) -> tuple[list[np.ndarray | None], dict[int, str]]:
+    def padded(self, arrays: list[np.ndarray]) -> tuple[list[np.ndarray | None], dict[int, str]]:
+        """Audio codes under the report's batching (:mod:`..batching`): the clips of a pretraining batch are
+        one padded batch (the plan made it); the clips of a batch of recordings are first cut into
+        duration batches. A padded batch the encoder raises on is encoded in halves (their padding,
+        and so the codes near a clip's end, then differ), down to single clips (:meth:`isolated`).
+        """
+        from ..batching import duration_batches
+
+        cfg = self.ctx.cfg
+        if cfg.kind == "pretrain":
+            groups = [list(range(len(arrays)))]
+        else:
+            groups = duration_batches([a.size for a in arrays], cfg.audio_batching_settings(), cfg.batch_size)
+        out: list[np.ndarray | None] = [None] * len(arrays)
+        failed: dict[int, str] = {}
+        for group in groups:
+            got, bad = self.isolated("audio", [arrays[i] for i in group], padded=True)
+            for j, i in enumerate(group):
+                out[i] = got[j]
+                if j in bad:
+                    failed[i] = bad[j]
+        return out, failed
+
+    def isolated(self, kind: str, arrays: list[np.ndarray],
+                 padded: bool = False) -> tuple[list[np.ndarray | None], dict[int, str]]:
         """Codes of ``arrays``; when the encoder raises on a group, its halves are encoded apart, down to
         single arrays: an array the encoder fails on alone is left out (``None``, and its error by
         position), every other one is encoded. The encoders never pad, so an array's codes do not
@@ -63,7 +90,7 @@ class Encode:
         while todo:
             group = todo.pop()
             try:
-                got = self.ctx.encoders.encode(kind, [arrays[i] for i in group])
+                got = self.ctx.encoders.encode(kind, [arrays[i] for i in group], padded=padded)
             except Exception as exc:  # noqa: BLE001 (found by bisection; one array's failure costs only it)
                 if len(group) == 1:
                     failed[group[0]] = f"{type(exc).__name__}: {exc}"

@@ -105,10 +105,11 @@ class MergePart:
             dest = ctx.cfg.part_prefix(part, stream) if final else layout.merged_prefix(part, stream.suffix)
             shards = [layout.shard_prefix(part, r["batch"], stream.suffix) for r in written]
 
-            def check(k: int, prefix: str, shards: list[str] = shards) -> None:
+            def check(k: int, prefix: str, shards: list[str] = shards, suffix: str = stream.suffix) -> None:
                 n = IndexedDataset(prefix).num_documents
-                if n != written[k]["documents"]:
-                    raise ValueError(f"{shards[k]}: {n} documents, its record says {written[k]['documents']}")
+                want = _documents(written[k], suffix)
+                if n != want:
+                    raise ValueError(f"{shards[k]}: {n} documents, its record says {want}")
 
             def inspect(target: str, stream: Any = stream, dest: str = dest) -> None:
                 nonlocal layouts
@@ -119,8 +120,10 @@ class MergePart:
 
             concatenate(shards, dest, stream.dtype, check=check, inspect=inspect)
         summary = aggregate(records, ctx.streams, ctx.spec.modality_names)
-        summary.update(part=part, documents=sum(r["documents"] for r in written), entries=entries,
-                       layouts=sorted(layouts), merge_s=round(time.perf_counter() - t0, 4), worker=worker_info())
+        summary.update(part=part, documents=sum(r["documents"] for r in written),
+                       stream_documents={s.suffix: sum(_documents(r, s.suffix) for r in written) for s in ctx.streams},
+                       written_items=sum(len(r["items"]) for r in written), entries=entries, layouts=sorted(layouts),
+                       merge_s=round(time.perf_counter() - t0, 4), worker=worker_info())
         storage.write_json(where, summary)
         fault_point("merge-part", part)
         return summary
@@ -135,6 +138,11 @@ class MergePart:
         return records
 
 
+def _documents(record: dict[str, Any], suffix: str) -> int:
+    """The documents a batch wrote to one stream (every stream gets every document, but in interleaved runs)."""
+    return record.get("stream_documents", {}).get(suffix, record["documents"])
+
+
 def aggregate(records: list[dict[str, Any]], streams: list[Any], names: list[str]) -> dict[str, Any]:
     """The sums of a part's batch records: what the report and the progress view need."""
     tokens = {s.suffix: dict.fromkeys(names, 0) for s in streams if s.dtype == "int32"}
@@ -143,7 +151,7 @@ def aggregate(records: list[dict[str, Any]], streams: list[Any], names: list[str
     devices: set[str] = set()
     out = {"batches": len(records), "items": 0, "decode_s": 0.0, "encode_s": 0.0, "write_s": 0.0}
     for r in records:
-        out["items"] += r["documents"] + len(r["skipped"])
+        out["items"] += len(r["items"]) + len(r["skipped"])
         skipped.extend(r["skipped"])
         for suffix, counts in r["tokens"].items():
             for n, v in counts.items():

@@ -2,7 +2,8 @@
 
 Pretraining: one document per item (``[BOS] body [EOS]``; a caption before or after the media, a
 transcript around a clip). SFT: the conversation through the chat template with its media
-sequences, the copy without reasoning and the loss masks when asked. An item whose encoding failed
+sequences, the copy without reasoning and the loss masks when asked. Interleaved: a recording's
+clips and transcripts as one or more sequences, each routed to the stream its length picks. An item whose encoding failed
 is skipped at stage ``encode``, one whose document cannot be built at stage ``document``.
 """
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..interleaved import route_by_length
 from ..sources import BadInput, Item, Reasons, Skip, unexpected
 from .context import RunContext
 from .records import Decoded, Encoded, Packed
@@ -36,6 +38,10 @@ class Pack:
                 if it.kind == "conversation":
                     media_ids = [self.sequence(m.kind, codes[(it.index, k)]) for k, m in enumerate(it.media)]
                     docs.append((it.index, self.sft_documents(it, media_ids, dec.conversations[it.index])))
+                elif it.kind == "recording":
+                    clip_codes = [codes[(it.index, k)] for k in range(len(it.media))]
+                    seqs = self.recording_documents(it, clip_codes, dec.conversations[it.index])
+                    docs.extend((it.index, {suffix: d}) for suffix, d in route_by_length(seqs, self.ctx.cfg.split_tokens))
                 else:
                     docs.append((it.index, {"": self.pretrain_document(it, codes[(it.index, 0)])}))
             except BadInput as exc:
@@ -75,6 +81,9 @@ class Pack:
         cfg, chat, spec = self.ctx.cfg, self.ctx.chat, self.ctx.spec
         ref = item.media[0]
         text = item.text or None
+        if ref.kind == "audio" and codes.size == 0:
+            raise BadInput(Reasons.PADDED, f"{ref.name}: padded in its batch, it loses its last five codes and none "
+                           "are left (--audio-batching report)")
         if ref.kind == "audio":
             task = cfg.audio_task
             if task == "auto":
@@ -93,6 +102,17 @@ class Pack:
         head = [spec.bos_id] if cfg.bos else []
         tail = [spec.eos_id] if cfg.eos else []
         return np.concatenate([np.asarray(head, np.int64), body, np.asarray(tail, np.int64)])
+
+    def recording_documents(self, item: Item, codes: list[np.ndarray], transcripts: list[str]) -> list[np.ndarray]:
+        """The interleaved documents of one recording (:mod:`..interleaved`)."""
+        from ..interleaved import recording_documents
+
+        for ref, c in zip(item.media, codes, strict=True):
+            if c.size == 0:
+                raise BadInput(Reasons.PADDED, f"{ref.name}: padded in its batch, it loses its last five codes and "
+                               "none are left (--audio-batching report)")
+        texts = [self.ctx.chat.text_ids(t) for t in transcripts]
+        return recording_documents(codes, texts, self.ctx.spec, bos=self.ctx.cfg.bos, eos=self.ctx.cfg.eos)
 
     def sft_documents(self, item: Item, media_ids: list[np.ndarray], record: Any) -> dict[str, np.ndarray]:
         """Ids (and masks) of one conversation for every stream."""

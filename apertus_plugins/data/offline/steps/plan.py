@@ -59,7 +59,8 @@ class BatchPart:
         if storage.isfile(where):
             return storage.read_json(where)
         t0 = time.perf_counter()
-        batches = self._consecutive(shards) if self.ctx.cfg.kind == "sft" else self._windows(shards, window)
+        consecutive = self.ctx.cfg.kind in ("sft", "interleaved")
+        batches = self._consecutive(shards) if consecutive else self._windows(shards, window)
         lines, n_items = write_part(layout, part, batches)
         summary = {"part": part, "batches": len(lines), "items": n_items, "lines": lines,
                    "read": [layout.scan_items(s) for s, _a, n in shards if n],
@@ -68,7 +69,7 @@ class BatchPart:
         return summary
 
     def _consecutive(self, shards: list[list[int]]) -> Iterator[tuple[list[Item], None, int]]:
-        """SFT: consecutive conversations of the part's one shard."""
+        """SFT and interleaved: consecutive conversations (or recordings) of the part's one shard."""
         cfg = self.ctx.cfg
         (_s, start, count), = shards
         items = list(read_items(self.ctx.layout, shards, start, start + count))
@@ -91,5 +92,7 @@ class BatchPart:
             yield from self._window(buf)
 
     def _window(self, buf: list[Item]) -> Iterator[tuple[list[Item], Any, int]]:
-        for positions, shape, codes in window_batches(buf, self.ctx.cfg.batch_size, self.ctx.cfg.batch_codes):
+        cfg = self.ctx.cfg
+        for positions, shape, codes in window_batches(buf, cfg.batch_size, cfg.batch_codes,
+                                                      cfg.audio_batching_settings()):
             yield [buf[p] for p in positions], shape, codes

@@ -1,4 +1,4 @@
-"""The CPU step of a batch: each item's conversation parsed and its media read, decoded and resized.
+"""The CPU step of a batch: each item's conversation (or recording) parsed and its media read, decoded and resized.
 
 Whatever one item raises costs only that item: it is skipped with its reason at stage ``decode``.
 """
@@ -19,6 +19,7 @@ from ..sources import (
     Skip,
     media_base,
     parse_record,
+    parse_recording,
     part_source,
     plugin_modality,
     read_media,
@@ -49,6 +50,8 @@ class Preprocess:
                 if it.kind == "conversation":
                     out.conversations[it.index] = rec = self.conversation(it)
                     inline = (self._normalized(it, rec[0]), rec[3])
+                elif it.kind == "recording":
+                    out.conversations[it.index] = self.recording(it)
                 for k, ref_ in enumerate(it.media):
                     media = ref_.name
                     if ref_.inline is None:
@@ -72,6 +75,15 @@ class Preprocess:
         raw = storage.read_bytes(path, offset, length)
         messages, tools, thinking = parse_record(raw, item.name)
         return messages, tools, thinking, media_base(path, self.ctx.cfg.media_root)
+
+    def recording(self, item: Item) -> list[str]:
+        """The transcripts of a recording's clips (interleaved runs), read again from its JSONL line."""
+        path, offset, length = item.record or ("", 0, 0)
+        clips = parse_recording(storage.read_bytes(path, offset, length), item.name)
+        if len(clips) != len(item.media):
+            raise BadInput(Reasons.RECORDING, f"{item.name}: {len(clips)} clips, the plan has {len(item.media)} "
+                           "(the file changed since it was planned)")
+        return [c.text for c in clips]
 
     def _normalized(self, item: Item, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         from apertus_plugins.core.chat import ChatFormatError, normalize_messages

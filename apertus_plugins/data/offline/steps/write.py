@@ -40,15 +40,17 @@ class Write:
         tokens = self.shards(ref, docs)
         by_index = {it.index: it for it in dec.items}
         kinds = sorted({m.kind for it in dec.items for m in it.media})
+        written = sorted({i for i, _ in docs})  # an interleaved recording may give several documents
         write_s = pack_s + time.perf_counter() - t0
         record = {
             "batch": ref.id,
             "part": ref.part,
             "documents": len(docs),
-            "items": [i for i, _ in docs],
+            "stream_documents": {s.suffix: sum(1 for _i, d in docs if s.suffix in d) for s in self.ctx.streams},
+            "items": written,
             "skipped": [asdict(skips[i]) for i in sorted(skips)],
             "tokens": tokens,
-            "media": {k: sum(1 for i, _ in docs for m in by_index[i].media if m.kind == k) for k in kinds},
+            "media": {k: sum(1 for i in written for m in by_index[i].media if m.kind == k) for k in kinds},
             "seconds": round(dec.decode_s + enc.encode_s + write_s, 4),
             "decode_s": round(dec.decode_s, 4),
             "encode_s": round(enc.encode_s, 4),
@@ -83,7 +85,9 @@ class Write:
                 counts = np.zeros(len(names), dtype=np.int64)
                 try:
                     for k, (_i, doc) in enumerate(docs):
-                        arr = doc[stream.suffix]
+                        arr = doc.get(stream.suffix)
+                        if arr is None:  # an interleaved sequence goes to one of the streams only
+                            continue
                         writer.add_document(arr)
                         if stream.dtype == "int32":
                             counts += np.bincount(spec.modality_of(arr), minlength=len(names))[: len(names)]
