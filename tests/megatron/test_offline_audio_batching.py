@@ -244,3 +244,31 @@ def test_interleaved_config_is_checked(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown audio batching"):
         TokenizeConfig("interleaved", ["x"], out=str(tmp_path / "o"), tokenizer=str(ws.tokenizer),
                        audio_batching="padded")
+
+
+def test_interleaved_recordings_of_several_shards_are_written_once_each(tmp_path: Path, audio_tok) -> None:
+    """Recordings are batched shard by shard like conversations: with several planning shards (one per file)
+    and a window that crosses a shard's end, every good recording is written exactly once, in input order."""
+    from apertus_plugins.data.offline import TokenizeConfig, tokenize
+
+    ws = workspace()
+    jsonl, good = _recordings(tmp_path)
+    lines = jsonl.read_text(encoding="utf-8").splitlines(keepends=True)
+    (tmp_path / "split").mkdir()
+    for k in range(0, len(lines), 3):  # three files of 3, 3 and 2 recordings
+        (tmp_path / "split" / f"part{k // 3}.jsonl").write_text("".join(lines[k:k + 3]), encoding="utf-8")
+    import contextlib
+    import io
+
+    def run(inputs: list[str], out: Path) -> list[list[int]]:
+        cfg = TokenizeConfig("interleaved", inputs, out=str(out), tokenizer=str(ws.tokenizer),
+                             checkpoint=str(ws.checkpoint), media_root=str(tmp_path), batch_size=2, window=2,
+                             plan_files=1, workers=0, progress=False, max_bad_fraction=1.0)
+        with contextlib.redirect_stdout(io.StringIO()):
+            tokenize(cfg, out=io.StringIO())
+        ds = MegatronIndexedDataset(str(out))
+        return [ds[i].tolist() for i in range(len(ds))]
+
+    whole = run([str(jsonl)], tmp_path / "one" / "inter")
+    split = run([str(tmp_path / "split")], tmp_path / "three" / "inter")
+    assert whole and split == whole

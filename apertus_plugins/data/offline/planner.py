@@ -226,7 +226,7 @@ class Planner:
     def part_args(self, p: int, counts: list[int], starts: list[int]) -> tuple[Any, ...]:
         """The arguments of part ``p``'s batching task: its shards' item ranges and its window of items."""
         work = self.layout.work
-        if self.cfg.kind == "sft":
+        if self.cfg.kind in ("sft", "interleaved"):  # batched shard by shard, in order: no windows
             return work, p, [[p, starts[p], counts[p]]], None
         window = part_windows(starts[p], counts[p], starts[-1], self.cfg.window)
         if window is None:
