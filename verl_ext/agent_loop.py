@@ -23,11 +23,23 @@ Thinking per prompt (the report's mixed-thinking RL configuration, section 4.5):
 for that prompt; records without it take ``data.apply_chat_template_kwargs.enable_thinking``. verl hands
 every column of a record to the agent loop, which is instantiated per sample, so each rollout's prompt is
 rendered by the core with its own flag.
+
+Images (the report's RL mix holds image prompts, section 4.5, Table 10): a record read by
+:class:`verl_ext.dataset.ApertusRLDataset` carries its images' file bytes or paths
+(:data:`verl_ext.dataset.MEDIA_FIELD`) and ``{"type": "image"}`` parts in its messages. The loop decodes each
+image (the core's media limits), encodes it with the checkpoint's vision tokenizer
+(:func:`vision_tokenizer_for`) and lays it out as the released processor does (the ``inference`` image
+layout), and the core encoding puts those ids where the parts stand: the prompt ids are
+``ChatTokenizer.encode_conversation(messages, media=[MediaItem("image", image_ids(...))])``, the ids a
+served request and the offline data path build for the same conversation. The rollout engine gets
+token ids only (no multimodal data), so the actor and the reference score the very same ids.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -36,10 +48,10 @@ from verl.experimental.agent_loop.agent_loop import register
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 from verl.utils.tokenizer.continuous_token import ContinuousTokenBuilder
 
-from apertus_plugins.core.chat import ChatTokenizer
+from apertus_plugins.core.chat import ChatTokenizer, MediaItem
 
 __all__ = ["ApertusContinuousTokenBuilder", "ApertusSingleTurnAgentLoop", "THINKING_FIELD", "chat_tokenizer_for",
-           "sample_thinking"]
+           "prompt_image_ids", "sample_thinking", "vision_tokenizer_for"]
 
 #: chat template kwargs the core encoding takes
 TEMPLATE_KWARGS = ("enable_thinking", "variant")
@@ -68,6 +80,31 @@ def chat_tokenizer_for(path: str) -> ChatTokenizer:
     return ChatTokenizer(path)
 
 
+@lru_cache(maxsize=2)
+def vision_tokenizer_for(path: str) -> Any:
+    """The vision tokenizer of a checkpoint directory, on the CPU (one per directory and process)."""
+    from apertus_plugins.encoders import load_vision_tokenizer
+
+    return load_vision_tokenizer(path)
+
+
+def prompt_image_ids(chat: ChatTokenizer, checkpoint: str, sources: Sequence[bytes | str]) -> list[MediaItem]:
+    """Each image (file bytes or a path) as its ids: decoded within the core's limits, encoded by the vision
+    tokenizer of ``checkpoint``, laid out in the ``inference`` layout (the released processor's)."""
+    from apertus_plugins.encoders import image_ids
+
+    if not sources:
+        return []
+    vision = vision_tokenizer_for(checkpoint)
+    return [MediaItem("image", image_ids(vision, _image_input(src), chat.spec, "inference", chat.text_ids))
+            for src in sources]
+
+
+def _image_input(src: bytes | str) -> bytes | str:
+    """File bytes stay bytes, anything else is a path (the core opens both with the same checks)."""
+    return bytes(src) if isinstance(src, (bytes, bytearray, memoryview)) else str(src)
+
+
 class ApertusContinuousTokenBuilder(ContinuousTokenBuilder):
     """verl's Continuous Token builder whose rendering is the core's injection-safe chat encoding."""
 
@@ -80,6 +117,8 @@ class ApertusContinuousTokenBuilder(ContinuousTokenBuilder):
                              f"{list(TEMPLATE_KWARGS)}")
         super().__init__(tokenizer, chat_template_kwargs=kwargs_in, **kwargs)
         self.chat_tokenizer = chat_tokenizer
+        #: the prompt's images as ids, in order; they replace the image parts of the rendered messages
+        self.media: list[MediaItem] = []
 
     def _render_tokens(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
                        tools: list[dict[str, Any]] | None = None) -> list[int]:
@@ -87,8 +126,16 @@ class ApertusContinuousTokenBuilder(ContinuousTokenBuilder):
             [dict(m) for m in messages], tools=list(tools) if tools else None,
             add_generation_prompt=add_generation_prompt,
             enable_thinking=bool(self.chat_template_kwargs.get("enable_thinking", False)),
-            variant=str(self.chat_template_kwargs.get("variant", "inference")))
+            variant=str(self.chat_template_kwargs.get("variant", "inference")),
+            media=self.media if _has_images(messages) else None)
         return [int(i) for i in enc.ids]
+
+
+def _has_images(messages: list[dict[str, Any]]) -> bool:
+    from .dataset import IMAGE_PARTS
+
+    return any(isinstance(p, dict) and p.get("type") in IMAGE_PARTS
+               for m in messages if isinstance(m.get("content"), list) for p in m["content"])
 
 
 @register("apertus_single_turn")
@@ -100,6 +147,7 @@ class ApertusSingleTurnAgentLoop(SingleTurnAgentLoop):
         model = self.config.actor_rollout_ref.model
         path = getattr(self.tokenizer, "name_or_path", None) or model.get("tokenizer_path") or model.path
         self._chat_tokenizer = chat_tokenizer_for(str(path))
+        self._checkpoint = str(model.path)
         self.continuous_token_builder = ApertusContinuousTokenBuilder(
             self.tokenizer, self._chat_tokenizer, chat_template_kwargs=self.apply_chat_template_kwargs)
 
@@ -111,6 +159,24 @@ class ApertusSingleTurnAgentLoop(SingleTurnAgentLoop):
             self.tokenizer, self._chat_tokenizer, chat_template_kwargs={**kwargs, "enable_thinking": flag})
         return flag
 
+    async def use_images(self, sources: Any) -> list[MediaItem]:
+        """Encode the sample's images (:data:`verl_ext.dataset.MEDIA_FIELD`) for the prompt ids; returns them."""
+        from .dataset import image_source
+
+        items = [] if sources is None else list(sources.tolist() if hasattr(sources, "tolist") else sources)
+        srcs = [image_source(s, f"image {j}") for j, s in enumerate(items)]
+        media = await asyncio.get_running_loop().run_in_executor(
+            None, prompt_image_ids, self._chat_tokenizer, self._checkpoint, srcs)
+        self.continuous_token_builder.media = media
+        return media
+
+    async def process_multi_modal_info(self, messages: list[dict]) -> dict:
+        """Nothing for the rollout engine: the images are ids in the prompt (:meth:`use_images`)."""
+        return {}
+
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
+        from .dataset import MEDIA_FIELD
+
         self.use_sample(**kwargs)
+        await self.use_images(kwargs.get(MEDIA_FIELD))
         return await super().run(sampling_params, **kwargs)
