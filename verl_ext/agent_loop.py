@@ -38,7 +38,10 @@ token ids only (no multimodal data), so the actor and the reference score the ve
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -80,9 +83,21 @@ def chat_tokenizer_for(path: str) -> ChatTokenizer:
     return ChatTokenizer(path)
 
 
-@lru_cache(maxsize=2)
+_LOCK = threading.Lock()
+#: the ids of the images encoded last in this process, by checkpoint and content: the n rollouts of a prompt
+#: (each its own agent loop) encode its image once
+_IDS: OrderedDict[tuple[str, str], Any] = OrderedDict()
+_IDS_KEPT = 64
+
+
 def vision_tokenizer_for(path: str) -> Any:
     """The vision tokenizer of a checkpoint directory, on the CPU (one per directory and process)."""
+    with _LOCK:
+        return _vision_tokenizer(path)
+
+
+@lru_cache(maxsize=2)
+def _vision_tokenizer(path: str) -> Any:
     from apertus_plugins.encoders import load_vision_tokenizer
 
     return load_vision_tokenizer(path)
@@ -93,11 +108,20 @@ def prompt_image_ids(chat: ChatTokenizer, checkpoint: str, sources: Sequence[byt
     tokenizer of ``checkpoint``, laid out in the ``inference`` layout (the released processor's)."""
     from apertus_plugins.encoders import image_ids
 
-    if not sources:
-        return []
-    vision = vision_tokenizer_for(checkpoint)
-    return [MediaItem("image", image_ids(vision, _image_input(src), chat.spec, "inference", chat.text_ids))
-            for src in sources]
+    out = []
+    for src in sources:
+        src = _image_input(src)
+        key = (checkpoint, hashlib.sha256(src if isinstance(src, bytes) else src.encode()).hexdigest())
+        with _LOCK:
+            ids = _IDS.get(key)
+        if ids is None:
+            ids = image_ids(vision_tokenizer_for(checkpoint), src, chat.spec, "inference", chat.text_ids)
+            with _LOCK:
+                _IDS[key] = ids
+                while len(_IDS) > _IDS_KEPT:
+                    _IDS.popitem(last=False)
+        out.append(MediaItem("image", ids))
+    return out
 
 
 def _image_input(src: bytes | str) -> bytes | str:
