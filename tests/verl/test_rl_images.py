@@ -49,9 +49,8 @@ def records(tmp_path) -> list[dict]:
         {"id": "text", "prompt": user("What is 2 + 2?"), "images": None},
         {"id": "marker-bytes", "prompt": user("<image>How many red squares?"),
          "images": [{"bytes": png(32, 32, seed=1), "path": None}]},
-        {"id": "parts-path", "prompt": [{"role": "user", "content": [
-            {"type": "text", "text": "Compare "}, {"type": "image"}, {"type": "text", "text": " and "},
-            {"type": "image"}]}], "images": [{"bytes": None, "path": str(path_image)}, {"bytes": png(16, 16), "path": None}]},
+        {"id": "parts-path", "prompt": user("Compare <image> and <image>"),
+         "images": [{"bytes": None, "path": str(path_image)}, {"bytes": png(16, 16), "path": None}]},
         {"id": "corrupt", "prompt": user("<image>What is this?"), "images": [{"bytes": b"\x89PNG\r\n\x1a\nnot a png",
                                                                                "path": None}]},
         {"id": "truncated", "prompt": user("<image>And this?"), "images": [{"bytes": png(64, 64)[:200], "path": None}]},
@@ -82,7 +81,7 @@ def dataset(apertus_checkpoint, tmp_path_factory):
 
     work = tmp_path_factory.mktemp("rl-images")
     rows = records(work)
-    config = OmegaConf.create({"max_prompt_length": 256, "filter_overlong_prompts": True, "image_key": "images",
+    config = OmegaConf.create({"max_prompt_length": 512, "filter_overlong_prompts": True, "image_key": "images",
                                "cache_dir": str(work / "cache"), "filter_overlong_prompts_workers": 2,
                                "apply_chat_template_kwargs": {"enable_thinking": False}})
     ds = ApertusRLDataset(write_parquet(work / "rl.parquet", rows), hf_tokenizer(str(apertus_checkpoint)), config)
@@ -101,9 +100,17 @@ def test_bad_images_and_overlong_prompts_are_dropped_before_the_run_by_id(datase
     assert "81000000" in why["huge"].replace(",", "") or "pixels" in why["huge"]
     assert "no such image file" in why["missing-file"]
     assert "2 image places but the record has 1 images" in why["marker-count"]
-    assert why["overlong"].endswith("tokens") and int(why["overlong"].split()[0]) > 256
+    assert why["overlong"].endswith("tokens") and int(why["overlong"].split()[0]) > 512
     assert [ds[k]["extra_info"]["index"] for k in range(len(ds))] == ["text", "marker-bytes", "parts-path"]
-    assert report.summary(256).startswith("apertus RL prompts: 3 of 9 kept; dropped 1 longer than 256 tokens, "
+    # content parts work as the markers do (a parquet column holds one form: strings here)
+    from verl_ext.dataset import prompt_messages
+
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Compare "}, {"type": "image_url", "image_url": None},
+                                          {"type": "text", "text": " and "}, {"type": "image"}]}]
+    assert prompt_messages(parts, 2, "x") == ds[2]["raw_prompt"]
+    with pytest.raises(ValueError, match="x: the prompt has 2 image places but the record has 1 images"):
+        prompt_messages(parts, 1, "x")
+    assert report.summary(512).startswith("apertus RL prompts: 3 of 9 kept; dropped 1 longer than 512 tokens, "
                                           "4 with an unreadable or oversized image, 1 the chat format cannot render")
 
 
