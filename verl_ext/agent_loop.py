@@ -26,7 +26,7 @@ rendered by the core with its own flag.
 
 Images (the report's RL mix holds image prompts, section 4.5, Table 10): a record read by
 :class:`verl_ext.dataset.ApertusRLDataset` carries its images' file bytes or paths
-(:data:`verl_ext.dataset.MEDIA_FIELD`) and ``{"type": "image"}`` parts in its messages. The loop decodes each
+(:data:`MEDIA_FIELD`) and ``{"type": "image"}`` parts in its messages. The loop decodes each
 image (the core's media limits), encodes it with the checkpoint's vision tokenizer
 (:func:`vision_tokenizer_for`) and lays it out as the released processor does (the ``inference`` image
 layout), and the core encoding puts those ids where the parts stand: the prompt ids are
@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -52,14 +53,41 @@ from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentL
 from verl.utils.tokenizer.continuous_token import ContinuousTokenBuilder
 
 from apertus_plugins.core.chat import ChatTokenizer, MediaItem
+from apertus_plugins.core.vocab import default_spec
 
-__all__ = ["ApertusContinuousTokenBuilder", "ApertusSingleTurnAgentLoop", "THINKING_FIELD", "chat_tokenizer_for",
-           "prompt_image_ids", "sample_thinking", "vision_tokenizer_for"]
+__all__ = ["ApertusContinuousTokenBuilder", "ApertusSingleTurnAgentLoop", "IMAGE_PARTS", "MEDIA_FIELD", "THINKING_FIELD",
+           "chat_tokenizer_for", "image_source", "prompt_image_ids", "sample_thinking", "vision_tokenizer_for"]
 
 #: chat template kwargs the core encoding takes
 TEMPLATE_KWARGS = ("enable_thinking", "variant")
 #: the prompt record's field that turns thinking on or off for that prompt
 THINKING_FIELD = "enable_thinking"
+#: the field of a dataset row (and so of the agent loop's keyword arguments) holding the prompt's image sources
+#: (:class:`verl_ext.dataset.ApertusRLDataset` fills it)
+MEDIA_FIELD = "apertus_images"
+#: content-part types that stand for an image (the vocabulary's image modality)
+IMAGE_PARTS = frozenset(t for t, lit in default_spec().media_placeholders().items()
+                        if lit == default_spec().literal("image"))
+
+
+def image_source(item: Any, where: str) -> bytes | str:
+    """The file bytes or path of one image entry of an RL record: bytes, a path, or a mapping with ``bytes``
+    and/or ``path`` (``datasets.Image``'s storage) or ``image`` (a path)."""
+    if hasattr(item, "tolist") and not isinstance(item, (bytes, str)):
+        item = item.tolist()
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        return bytes(item)
+    if isinstance(item, (str, os.PathLike)):
+        return os.fspath(item)
+    if isinstance(item, dict):
+        if item.get("bytes"):
+            return bytes(item["bytes"])
+        for key in ("path", "image"):
+            if isinstance(item.get(key), (str, os.PathLike)) and item[key]:
+                return os.fspath(item[key])
+        raise ValueError(f"{where}: an image entry needs 'bytes' or 'path' (or 'image': a path), got keys "
+                         f"{sorted(item)}")
+    raise ValueError(f"{where}: an image entry must be file bytes, a path or a mapping, got {type(item).__name__}")
 
 
 def sample_thinking(value: Any, default: bool) -> bool:
@@ -156,8 +184,6 @@ class ApertusContinuousTokenBuilder(ContinuousTokenBuilder):
 
 
 def _has_images(messages: list[dict[str, Any]]) -> bool:
-    from .dataset import IMAGE_PARTS
-
     return any(isinstance(p, dict) and p.get("type") in IMAGE_PARTS
                for m in messages if isinstance(m.get("content"), list) for p in m["content"])
 
@@ -184,9 +210,7 @@ class ApertusSingleTurnAgentLoop(SingleTurnAgentLoop):
         return flag
 
     async def use_images(self, sources: Any) -> list[MediaItem]:
-        """Encode the sample's images (:data:`verl_ext.dataset.MEDIA_FIELD`) for the prompt ids; returns them."""
-        from .dataset import image_source
-
+        """Encode the sample's images (:data:`MEDIA_FIELD`) for the prompt ids; returns them."""
         items = [] if sources is None else list(sources.tolist() if hasattr(sources, "tolist") else sources)
         srcs = [image_source(s, f"image {j}") for j, s in enumerate(items)]
         media = await asyncio.get_running_loop().run_in_executor(
@@ -199,8 +223,6 @@ class ApertusSingleTurnAgentLoop(SingleTurnAgentLoop):
         return {}
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
-        from .dataset import MEDIA_FIELD
-
         self.use_sample(**kwargs)
         await self.use_images(kwargs.get(MEDIA_FIELD))
         return await super().run(sampling_params, **kwargs)

@@ -28,7 +28,6 @@ into the prompt ids: the rollout engine, the actor and the reference all see tho
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -40,35 +39,14 @@ from verl.utils.dataset.rl_dataset import RLHFDataset
 from apertus_plugins.core.chat import ChatFormatError, MediaItem
 from apertus_plugins.core.media import image as media_image
 
-__all__ = ["ApertusRLDataset", "DropReport", "IMAGE_PARTS", "MEDIA_FIELD", "image_source", "prompt_messages"]
+from .agent_loop import IMAGE_PARTS, MEDIA_FIELD, THINKING_FIELD, chat_tokenizer_for, image_source, sample_thinking
+
+__all__ = ["ApertusRLDataset", "DropReport", "IMAGE_MARKER", "MEDIA_FIELD", "image_source", "prompt_messages"]
 
 logger = logging.getLogger(__name__)
 
-#: the field of a dataset row (and so of the agent loop's keyword arguments) holding the prompt's image sources
-MEDIA_FIELD = "apertus_images"
-#: content-part types that stand for an image
-IMAGE_PARTS = ("image", "image_url", "input_image")
 #: the marker of verl's multimodal records in a string content
 IMAGE_MARKER = "<image>"
-
-
-def image_source(item: Any, where: str) -> bytes | str:
-    """The file bytes or path of one entry of a record's images (see the module docstring)."""
-    if hasattr(item, "tolist") and not isinstance(item, (bytes, str)):
-        item = item.tolist()
-    if isinstance(item, (bytes, bytearray, memoryview)):
-        return bytes(item)
-    if isinstance(item, (str, os.PathLike)):
-        return os.fspath(item)
-    if isinstance(item, dict):
-        if item.get("bytes"):
-            return bytes(item["bytes"])
-        for key in ("path", "image"):
-            if isinstance(item.get(key), (str, os.PathLike)) and item[key]:
-                return os.fspath(item[key])
-        raise ValueError(f"{where}: an image entry needs 'bytes' or 'path' (or 'image': a path), got keys "
-                         f"{sorted(item)}")
-    raise ValueError(f"{where}: an image entry must be file bytes, a path or a mapping, got {type(item).__name__}")
 
 
 def prompt_messages(messages: Any, n_images: int, where: str) -> list[dict[str, Any]]:
@@ -137,8 +115,6 @@ class ApertusRLDataset(RLHFDataset):
     drop_report: DropReport
 
     def _chat(self) -> Any:
-        from .agent_loop import chat_tokenizer_for
-
         return chat_tokenizer_for(str(getattr(self.tokenizer, "name_or_path", "")))
 
     def _record_id(self, row: dict[str, Any], k: int) -> Any:
@@ -155,8 +131,6 @@ class ApertusRLDataset(RLHFDataset):
 
     def _check_row(self, row: dict[str, Any], k: int) -> tuple[str, str] | int:
         """The prompt's length in ids, or (reason, message) when the record must be dropped."""
-        from .agent_loop import THINKING_FIELD, sample_thinking
-
         where = f"record {self._record_id(row, k)!r}"
         chat = self._chat()
         try:
