@@ -165,7 +165,10 @@ class _ApertusTrainer:
                          epoch: int) -> None:
         """The step's bookkeeping metrics, from the rows' tags (verl's PPO metrics read advantages,
         values and returns, which these stages never compute)."""
-        metrics.update(step_metrics(batch.tags, timing_raw, global_steps, epoch, self._get_n_gpus_for_throughput()))
+        # the truncation rate of the rollout stages (offline DPO generates nothing: its pairs are checked at load)
+        cap = None if isinstance(self, OfflineDPOTrainer) else int(self.config.data.max_response_length)
+        metrics.update(step_metrics(batch.tags, timing_raw, global_steps, epoch, self._get_n_gpus_for_throughput(),
+                                    max_response_length=cap))
 
     def _update(self, batch: KVBatchMeta, metrics: dict, extra: dict[str, Any]) -> None:
         rows = len(batch.keys)
@@ -397,8 +400,11 @@ def field_list(value: Any) -> list[Any]:
 
 
 def step_metrics(tags: list[dict[str, Any]], timing_raw: dict[str, float], global_steps: int, epoch: int,
-                 n_gpus: int) -> dict[str, float]:
-    """Step, epoch, timings, sequence lengths and throughput of a step, under verl's metric names."""
+                 n_gpus: int, max_response_length: int | None = None) -> dict[str, float]:
+    """Step, epoch, timings, sequence lengths and throughput of a step, under verl's metric names.
+
+    With ``max_response_length`` (the rollout cap) also verl's ``response_length/clip_ratio``: the share of
+    the step's responses that reached the cap (truncated rollouts), as verl's PPO metrics compute it."""
     rows = [t for t in tags if not t.get("is_padding", False)] or list(tags)
     out: dict[str, float] = {"training/global_step": global_steps, "training/epoch": epoch}
     out.update({f"timing_s/{name}": float(value) for name, value in timing_raw.items()})
@@ -406,6 +412,9 @@ def step_metrics(tags: list[dict[str, Any]], timing_raw: dict[str, float], globa
         values = [float(t[key]) for t in rows if key in t]
         if values:
             out.update({f"{name}/mean": float(np.mean(values)), f"{name}/max": max(values), f"{name}/min": min(values)})
+    responses = [float(t["response_len"]) for t in rows if "response_len" in t]
+    if max_response_length is not None and responses:
+        out["response_length/clip_ratio"] = float(np.mean([r >= max_response_length for r in responses]))
     tokens = sum(int(t["seq_len"]) for t in rows)
     out["perf/total_num_tokens"] = float(tokens)
     if timing_raw.get("step"):

@@ -173,11 +173,12 @@ def _end_group(proc: subprocess.Popen) -> None:
 def write_prompts(path: Path, rows: list[dict[str, Any]]) -> Path:
     """A verl RL dataset (parquet): one row per prompt with ``prompt`` (chat messages), ``data_source``,
     ``reward_model.ground_truth`` and ``extra_info`` (as verl's example preprocessors write it), and the
-    record's ``enable_thinking`` (true, false or null) when any row gives one."""
+    record's ``enable_thinking`` (true, false or null) and ``images`` when any row gives them."""
     import pandas as pd
 
     records = []
     thinking = any("enable_thinking" in row for row in rows)
+    images = any(row.get("images") for row in rows)
     for k, row in enumerate(rows):
         records.append({
             "data_source": row.get("data_source", "exact_match"),
@@ -186,6 +187,8 @@ def write_prompts(path: Path, rows: list[dict[str, Any]]) -> Path:
             "reward_model": {"style": "rule", "ground_truth": row.get("ground_truth", "")},
             "extra_info": {"index": k, **row.get("extra_info", {})},
             **({"enable_thinking": row.get("enable_thinking")} if thinking else {}),
+            # verl's multimodal layout: the record's images ({"bytes", "path"}, as datasets.Image stores them)
+            **({"images": row.get("images")} if images else {}),
         })
     pd.DataFrame(records).to_parquet(path)
     return path

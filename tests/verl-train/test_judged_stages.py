@@ -58,6 +58,9 @@ def check_rollout_sync(run) -> None:
     # after one update the policy is far from the initial weights: a stale engine would fail the bound above
     assert run.metric("training/ref_probs_diff_max")[1] > 1e-2
     assert all(t > 0 for t in run.metric("timing_s/update_weights"))
+    # the truncation rate: the share of the step's rollouts that reached the 16-token cap
+    for clip, longest in zip(run.metric("response_length/clip_ratio"), run.metric("response_length/max"), strict=True):
+        assert 0.0 <= clip <= 1.0 and (clip > 0) is (longest == 16), (clip, longest)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,13 @@ configuration, ``+thinking=mixed``): every prompt is rendered with its record's 
 rollouts (``trainer.rollout_data_dir``) and, before training, the validation generations of a batch mixing
 thinking on and off, code and the other rewards (``trainer.validation_data_dir``), so the test sees which
 groups were trained, each prompt's rendering, and the sandbox's verdict of every code rollout.
+
+The preset runs at its own settings but for the lengths, which are the report's divided by :data:`SCALE` (and
+nothing else about them), and for the CPU's batch, rollouts, steps and learning rate. The prompts mix text and
+image records in verl's multimodal layout (``images`` with PNG bytes, ``<image>`` markers): the images become
+media tokens in the rollout's prompt ids, the actor scores those ids (its probabilities of the rollout's tokens
+equal vLLM's), the reward reads the text answer. A record with an undecodable image and one longer than the
+scaled prompt limit are dropped before the run, named in the log. Validation is the preset's mean@4.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ import pytest
 from conftest import check_saved_checkpoint, hf_checkpoint
 
 N = 4  # rollouts per prompt
+#: the preset's prompt and response lengths (8,192 and 14,336) divided by this factor: 256 and 448 tokens
+SCALE = 32
 IFEVAL = json.dumps({"instruction_id_list": ["length_constraints:number_words"],
                      "kwargs": [{"relation": "at least", "num_words": 3}]})
 APPS = json.dumps({"inputs": ["1 2\n", "5 7\n"], "outputs": ["3\n", "12\n"]})
@@ -34,8 +43,33 @@ TACO_CALL = json.dumps({"inputs": [[[1, 2, 3]]], "outputs": [[6]], "fn_name": "t
 THINKING = "Deliberation: enabled"  # what the chat template renders in the developer turn for thinking on
 
 
+def png(seed: int, size: int = 16) -> bytes:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    buf = io.BytesIO()
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def image_rows() -> list[dict]:
+    """IFEval prompts about an image (the rollouts' rewards differ as the text ones' do), a record whose image
+    does not decode and one whose text is over the scaled prompt limit (both dropped before the run)."""
+    rows = [{"prompt": [{"role": "user", "content": f"<image>Write at least three words about it ({k})."}],
+             "images": [{"bytes": png(k), "path": None}], "data_source": "ifeval", "ground_truth": IFEVAL,
+             "enable_thinking": False} for k in range(4)]
+    rows.append({"prompt": [{"role": "user", "content": "<image>Describe it."}],
+                 "images": [{"bytes": png(9)[:100], "path": None}], "data_source": "ifeval", "ground_truth": IFEVAL})
+    rows.append({"prompt": [{"role": "user", "content": "Describe this: " + "word " * 300}],
+                 "data_source": "ifeval", "ground_truth": IFEVAL})
+    return rows
+
+
 def prompts() -> list[dict]:
-    rows = []
+    rows = image_rows()[:2]
     for k in range(6):
         rows.append({"prompt": [{"role": "user", "content": f"What is the code word {k}?"}],
                      "data_source": "exact_match", "ground_truth": f"unreachable-{k}-zzzz"})
@@ -45,7 +79,7 @@ def prompts() -> list[dict]:
             rows.append({"prompt": [{"role": "user", "content": f"Read two integers and print their sum ({k})."}],
                          "data_source": "apps" if k == 0 else "codecontests",
                          "ground_truth": APPS if k == 0 else CODECONTESTS, "enable_thinking": k == 1})
-    return rows
+    return rows + image_rows()[2:]
 
 
 def validation() -> list[dict]:
@@ -59,13 +93,30 @@ def validation() -> list[dict]:
          "data_source": "codecontests", "ground_truth": CODECONTESTS, "enable_thinking": None},
         {"prompt": [{"role": "user", "content": "Write at least three words."}], "data_source": "ifeval",
          "ground_truth": IFEVAL, "enable_thinking": True},
+        {"prompt": [{"role": "user", "content": "<image>Name its colours."}], "data_source": "ifeval",
+         "ground_truth": IFEVAL, "images": [{"bytes": png(7), "path": None}]},
     ]
+
+
+def question(row: dict) -> str:
+    return row["prompt"][0]["content"].replace("<image>", "")
 
 
 def thinking_of(text: str, rows: list[dict]) -> bool:
     """The record flag of the prompt whose user text is in ``text`` (a decoded prompt)."""
-    (row,) = [r for r in rows if r["prompt"][0]["content"] in text]
+    (row,) = [r for r in rows if question(r) in text]
     return bool(row.get("enable_thinking"))
+
+
+def preset_lengths() -> tuple[int, int]:
+    """``apertus_rlvr``'s prompt and response lengths as it ships."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="verl_ext.config", version_base=None):
+        cfg = compose(config_name="apertus_rlvr")
+    return int(cfg.data.max_prompt_length), int(cfg.data.max_response_length)
 
 
 @pytest.fixture(scope="module")
@@ -73,10 +124,12 @@ def rlvr_run(tiny_checkpoint, tmp_path_factory):
     work = tmp_path_factory.mktemp("rlvr")
     data = cpu_run.write_prompts(work / "prompts.parquet", prompts())
     val = cpu_run.write_prompts(work / "validation.parquet", validation())
+    prompt_len, response_len = preset_lengths()
     run = cpu_run.main_ppo("apertus_rlvr", [
         "+thinking=mixed",
         f"actor_rollout_ref.model.path={tiny_checkpoint}", f"data.train_files={data}", f"data.val_files={val}",
-        "data.train_batch_size=2", "data.max_prompt_length=256", "data.max_response_length=16", "data.shuffle=false",
+        "data.train_batch_size=2", f"data.max_prompt_length={prompt_len // SCALE}",
+        f"data.max_response_length={response_len // SCALE}", "data.shuffle=false",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
@@ -144,10 +197,11 @@ def test_rlvr_rewards_rloo_filtering_and_gmpo_update(rlvr_run):
 
 
 def test_validation_batch_mixes_thinking_and_scores_code_in_the_sandbox(rlvr_run):
+    from apertus_plugins.core.media.image import image_grid
     from apertus_plugins.posttrain.sandbox import CASE_VERDICTS, parse_ground_truth
 
     rows = [json.loads(line) for line in (rlvr_run.workdir / "validation" / "0.jsonl").read_text().splitlines()]
-    assert len(rows) == len(validation())  # one generation per prompt, before the first step
+    assert len(rows) == 4 * len(validation())  # the preset's mean@4: four samples per prompt, before the first step
     flags = []
     for row in rows:
         flag = thinking_of(row["input"], validation())
@@ -155,7 +209,7 @@ def test_validation_batch_mixes_thinking_and_scores_code_in_the_sandbox(rlvr_run
         flags.append(flag)
     assert sorted(set(flags)) == [False, True]  # the one batch mixed both
     code = [r for r in rows if r["gts"] != IFEVAL]
-    assert len(code) == 3
+    assert len(code) == 3 * 4
     for row in code:
         info = json.loads(row["reward_info"])["verdict"]
         problem = parse_ground_truth(row["gts"])
@@ -164,11 +218,31 @@ def test_validation_batch_mixes_thinking_and_scores_code_in_the_sandbox(rlvr_run
         # the binary reward: 1 only when every case passed (a random model's text is no passing program)
         assert row["score"] == (1.0 if info["passed"] else 0.0) and info["passed"] == all(
             c["verdict"] == "passed" for c in info["cases"])
-    (ifeval,) = [r for r in rows if r["gts"] == IFEVAL]
-    assert ifeval["reward_info"] == ""  # every sample carries the same extra-info keys
+    ifeval = [r for r in rows if r["gts"] == IFEVAL]
+    assert len(ifeval) == 2 * 4 and all(r["reward_info"] == "" for r in ifeval)  # the same extra-info keys
+    # the image prompt was validated too (thinking off: its record sets no flag), its answer scored as text
+    image = [r for r in ifeval if "Name its colours." in r["input"]]
+    assert len(image) == 4
+    # its prompt held the image's sequence: the "rows*cols" header right before the text (the codes and the
+    # image markers are special tokens, which the dump's decoding skips)
+    rows_cols = "*".join(str(n) for n in image_grid(16, 16))
+    assert all(f"{rows_cols}Name its colours." in r["input"] or "<|img_end|>Name its colours." in r["input"]
+               for r in image), image[0]["input"][-200:]
     val = rlvr_run.validation  # verl's per-data-source validation metrics, the code sources among them
     for source in ("apps", "taco", "codecontests", "ifeval"):
-        assert f"val-core/{source}/acc/mean@1" in val, sorted(val)
+        assert f"val-core/{source}/acc/mean@4" in val, sorted(val)
+
+
+def test_truncation_counted_each_step(rlvr_run):
+    """Every step logs verl's truncation rate, the share of responses that reached the (scaled) cap; the run went
+    on past the records the pre-run check drops (an undecodable image, an overlong prompt: tests/verl)."""
+    prompt_len, response_len = preset_lengths()
+    cap = response_len // SCALE
+    for step, data in rlvr_run.steps.items():
+        clip = data["response_length/clip_ratio"]
+        assert 0.0 <= clip <= 1.0 and data["response_length/max"] <= cap, step
+        assert (clip > 0) is (data["response_length/max"] == cap), (step, clip, data["response_length/max"])
+        assert data["prompt_length/max"] <= prompt_len // SCALE
 
 
 def test_saved_checkpoint_loads_merges_and_serves(rlvr_run, tiny_checkpoint, tmp_path):

@@ -11,7 +11,13 @@ Sources (report, ``/work/shared/seed/000_8f0a8fb36c050ffe.txt`` when it is besid
   top-64 tokens plus a tail bucket, importance ratio clipped at 2, maximum model length 4,096, one epoch,
   thinking disabled.
 * Appendix G (RL) and Section 4.5: 8 rollouts per prompt, leave-one-out advantages, zero-variance groups
-  filtered, clipping (0.2, 0.28), geometric-mean loss, no KL penalty, AdamW at 1e-6.
+  filtered, clipping (0.2, 0.28), geometric-mean loss, no KL penalty, AdamW at 1e-6; 480 optimizer steps
+  for 8B ("roughly one million trajectories"), 180 for 70B; validation mean@4 with thinking disabled
+  (Figure 11). Section 4.7 (Table 12, the RL ablation): rollouts at most two policy versions stale, new
+  tokens capped at 14,336 with thinking on, a constant learning rate.
+
+What the report does not print is marked CHOSEN below (the RL batch, prompt cap and validation cadence);
+docs/verl.md gives the reasons.
 """
 
 from __future__ import annotations
@@ -42,9 +48,18 @@ REPORT = {
         "batch": 64, "rollouts": 16, "lr": 1e-7, "warmup_steps": 10, "topk": 64, "is_clip": 2.0,
         "max_model_length": 4096, "epochs": 1, "thinking": False,
     },
-    "apertus_rlvr": {  # Appendix G (RL paragraph); Section 4.5
+    "apertus_rlvr": {  # Appendix G (RL paragraph); Section 4.5; Figure 11; Table 12
         "rollouts": 8, "advantage": "rloo", "filter_zero_variance": True, "clip": (0.2, 0.28),
-        "loss": "geo_mean", "kl": False, "lr": 1e-6, "optimizer": "AdamW",
+        "loss": "geo_mean", "kl": False, "lr": 1e-6, "optimizer": "AdamW", "schedule": "constant",
+        "steps": 480, "trajectories": 1_000_000, "response_length": 14_336, "val_n": 4, "val_thinking": False,
+        "max_stale_versions": 2,
+        "batch": 256, "prompt_length": 8192, "test_freq": 20,  # CHOSEN
+    },
+    "apertus_rlvr_70b": {  # Section 4.5: "the 70B run for 180 steps"; the rest as 8B
+        "rollouts": 8, "advantage": "rloo", "filter_zero_variance": True, "clip": (0.2, 0.28),
+        "loss": "geo_mean", "kl": False, "lr": 1e-6, "optimizer": "AdamW", "schedule": "constant",
+        "steps": 180, "response_length": 14_336, "val_n": 4, "val_thinking": False, "max_stale_versions": 2,
+        "batch": 256, "prompt_length": 8192, "test_freq": 20,  # CHOSEN
     },
 }
 
@@ -63,7 +78,8 @@ CONFIGS = {"apertus_offline_dpo": ("apertus_offline_dpo", ["apertus.offline_dpo.
            "apertus_sdpo": ("apertus_sdpo", ["apertus.judge.charter=@sample"]),
            "apertus_online_dpo": ("apertus_online_dpo", ["apertus.judge.charter=@sample"]),
            "apertus_online_dpo_70b": ("apertus_online_dpo", ["apertus.judge.charter=@sample", "online_dpo_size=70b"]),
-           "apertus_rlvr": ("apertus_rlvr", [])}
+           "apertus_rlvr": ("apertus_rlvr", []),
+           "apertus_rlvr_70b": ("apertus_rlvr", ["rlvr_size=70b"])}
 
 
 def _adam(cfg) -> tuple[float, float, float]:
@@ -112,7 +128,23 @@ def test_stage_config_carries_the_reports_numbers(stage):
                    filter_zero_variance=cfg.algorithm.filter_groups.enable and cfg.algorithm.filter_groups.metric
                    in ("reward", "acc"),
                    clip=(actor.clip_ratio_low, actor.clip_ratio_high), loss=actor.policy_loss.loss_mode,
-                   kl=bool(actor.use_kl_loss or cfg.algorithm.use_kl_in_reward), optimizer=actor.optim.optimizer)
+                   kl=bool(actor.use_kl_loss or cfg.algorithm.use_kl_in_reward), optimizer=actor.optim.optimizer,
+                   schedule=actor.optim.lr_scheduler_type if actor.optim.lr_warmup_steps_ratio == 0
+                   and actor.optim.lr_warmup_steps <= 0 else "warmup",
+                   steps=cfg.trainer.total_training_steps, response_length=cfg.data.max_response_length,
+                   val_n=rollout.val_kwargs.n, val_thinking=cfg.data.apply_chat_template_kwargs.enable_thinking,
+                   max_stale_versions=cfg.trainer.v1.sampler.max_off_policy_threshold,
+                   batch=cfg.data.train_batch_size, prompt_length=cfg.data.max_prompt_length,
+                   test_freq=cfg.trainer.test_freq)
+        if "trajectories" in want:  # "480 optimizer steps, corresponding to roughly one million trajectories"
+            trajectories = cfg.trainer.total_training_steps * cfg.data.train_batch_size * rollout.n
+            assert abs(trajectories - want["trajectories"]) / want["trajectories"] < 0.05, trajectories
+            got["trajectories"] = want["trajectories"]
+        # one optimizer update per step; mean@4 is sampled; overlong prompts dropped before the run
+        assert actor.ppo_mini_batch_size == cfg.data.train_batch_size and rollout.val_kwargs.do_sample
+    if stage != "apertus_offline_dpo":
+        assert cfg.data.filter_overlong_prompts is True, stage
+        assert cfg.data.custom_cls.name == "ApertusRLDataset", stage
     assert got == want, stage
 
 
@@ -137,3 +169,25 @@ def test_mixed_thinking_example_is_the_rlvr_recipe_with_per_prompt_thinking():
     for cfg in (mixed, base):
         cfg["data"].pop("apply_chat_template_kwargs")
     assert mixed == base  # the recipe is otherwise apertus_rlvr's
+
+
+def test_fully_asynchronous_preset_is_verls_separate_async_with_one_update_per_step():
+    """``+rlvr_async=separate``: verl's fully asynchronous trainer (standalone rollout pool, partial rollouts),
+    composed with the RLVR recipe unchanged and satisfying verl's own batch rule (train_batch_size =
+    parameter_sync_step x ppo_mini_batch_size), so a step is still one update as in the report."""
+    from omegaconf import OmegaConf
+
+    cfg = _compose("apertus_rlvr", ["+rlvr_async=separate"])
+    base = _compose("apertus_rlvr")
+    assert cfg.trainer.v1.trainer_mode == "separate_async" and cfg.actor_rollout_ref.hybrid_engine is False
+    v1 = cfg.trainer.v1.separate_async
+    assert cfg.data.train_batch_size == v1.parameter_sync_step * cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    rollout = cfg.actor_rollout_ref.rollout
+    assert rollout.nnodes > 0 and rollout.n_gpus_per_node > 0 and rollout.checkpoint_engine.backend != "naive"
+    a, b = OmegaConf.to_container(cfg, resolve=True), OmegaConf.to_container(base, resolve=True)
+    for c in (a, b):
+        c["trainer"]["v1"].pop("trainer_mode"), c["trainer"]["v1"].pop("separate_async")
+        c["actor_rollout_ref"].pop("hybrid_engine")
+        for key in ("nnodes", "n_gpus_per_node", "checkpoint_engine"):
+            c["actor_rollout_ref"]["rollout"].pop(key)
+    assert a == b  # the recipe is otherwise apertus_rlvr's
