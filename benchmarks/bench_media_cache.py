@@ -142,7 +142,8 @@ def serve(args: argparse.Namespace) -> None:
     from apertus_plugins.testing.checkpoint import write_checkpoint
     from apertus_plugins.testing.serve import CPU_ARGS, VLLMServer
 
-    flags = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", "apertus", "--enable-prefix-caching"]
+    flags = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", "apertus", "--enable-prefix-caching",
+             "--trust-request-mm-kwargs"]
     urls = [_png_url(100 + i, args.size) for i in range(args.requests + 2)]
 
     def part(url: str) -> list:

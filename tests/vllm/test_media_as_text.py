@@ -23,8 +23,6 @@ from apertus_plugins.core.chat import ChatTokenizer
 from apertus_plugins.infra.client import http_json
 from apertus_plugins.testing.serve import VLLMServer
 
-pytestmark = pytest.mark.slow
-
 MAX_TOKENS = 6
 READY = "reach the engine as token ids"
 
@@ -43,7 +41,7 @@ def cached_server(checkpoint, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("as-text")
     env = {"APERTUS_MEDIA_CACHE": str(tmp / "codes"), "APERTUS_VLLM_CODES_LOG": str(tmp / "codes.jsonl"),
            "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with VLLMServer(checkpoint, args=[*server_args(), "--enable-prefix-caching"], env=env,
+    with VLLMServer(checkpoint, args=[*server_args(), "--enable-prefix-caching", "--trust-request-mm-kwargs"], env=env,
                     log_path=tmp / "vllm.log", startup_timeout=900) as srv:
         deadline = time.monotonic() + 120
         while READY not in srv.log_path.read_text(errors="replace"):
@@ -82,6 +80,25 @@ def prefix_hits(server) -> float:
     return sum(float(v) for v in found)
 
 
+def test_known_images_replace_their_placeholders_and_a_grid_of_another_shape_is_not_served(checkpoint):
+    from apertus_plugins.core.media import image as media_image
+    from vllm_model.known_media import known_sequence, substitute_images
+
+    assert substitute_images([1, 5, 2, 5, 3], 5, [[8, 9], None]) == [1, 8, 9, 2, 5, 3]
+    assert substitute_images([1, 5, 2], 5, [[8], [9]]) is None  # one placeholder, two images: left alone
+    core = ChatTokenizer(checkpoint)
+    info = type("Info", (), {"spec": core.spec, "chat_tokenizer": core})()
+    options = {"resize_policy": "released", "image_layout": "inference"}
+    rows, cols = media_image.image_grid(64, 48, "released")
+    grid = np.arange(rows * cols).reshape(rows, cols)
+    seq = known_sequence(grid, (64, 48), info, options)
+    assert seq is not None and seq.tolist() == media_image.image_sequence(grid, core.spec, "inference",
+                                                                          core.char_ids).tolist()
+    assert known_sequence(grid.T if rows != cols else grid[:, :-1], (64, 48), info, options) is None
+    assert known_sequence(grid + core.spec.modality("image").size, (64, 48), info, options) is None
+
+
+@pytest.mark.slow
 def test_a_stored_image_is_served_as_text_with_the_multimodal_paths_tokens(cached_server, checkpoint, image_part):
     server, log = cached_server
     spec = ChatTokenizer(checkpoint).spec
