@@ -26,15 +26,44 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 
-__all__ = ["AdEMAMix", "alpha_at", "beta3_at", "RECIPE"]
+__all__ = ["AdEMAMix", "AdEMAMixSettings", "alpha_at", "beta3_at", "RECIPE"]
 
 #: SPEC.md section 6: continued pretraining.
 RECIPE = {"betas": (0.9, 0.999, 0.9999), "alpha": 8.0, "alpha_warmup": 100_000, "beta3_warmup": 100_000,
           "weight_decay": 0.1}
+
+
+@dataclass(frozen=True)
+class AdEMAMixSettings:
+    """What AdEMAMix adds to megatron-core's Adam settings, one documented field each (built once from the
+    ``--apertus-ademamix-*`` flags; beta1, beta2, eps, learning rate and weight decay stay Megatron's)."""
+
+    beta3: float = RECIPE["betas"][2]
+    """Decay of the slow EMA (Apertus: 0.9999)."""
+    alpha: float = RECIPE["alpha"]
+    """Weight of the slow EMA in the update (Apertus: 8)."""
+    alpha_warmup: int | None = RECIPE["alpha_warmup"]
+    """Steps of the linear alpha warmup (None: none; Apertus: 100,000)."""
+    beta3_warmup: int | None = RECIPE["beta3_warmup"]
+    """Steps of the beta3 warmup (None: none; Apertus: 100,000)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.beta3 < 1.0:
+            raise ValueError(f"AdEMAMix beta3 must lie in [0, 1), got {self.beta3}")
+        for name in ("alpha_warmup", "beta3_warmup"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"AdEMAMix {name} must be >= 0 steps, got {value}")
+            if value == 0:
+                object.__setattr__(self, name, None)
+
+    def describe(self) -> str:
+        return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
 
 
 def alpha_at(step: int, alpha: float, warmup: int | None) -> float:

@@ -13,14 +13,19 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from apertus_plugins import plugins
-from apertus_plugins.core.goldfish import VARIANTS
-from apertus_plugins.core.targets import Schedule, TargetConfig
+from apertus_plugins.core.divergence import note
+from apertus_plugins.core.goldfish import VARIANTS, GoldfishConfig
+from apertus_plugins.core.targets import SFT_SPECIALS, STAGE_TARGETS, Schedule, TargetConfig, stage_targets
 from apertus_plugins.core.vocab import VocabSpec
 
+from .ademamix import AdEMAMixSettings
 from .errors import ApertusArgumentError
+
+#: Goldfish's parameters, the report's (section 3.2: Apertus 1.0's, unchanged): the core's defaults.
+GOLDFISH_K: int = GoldfishConfig().k
+GOLDFISH_H: int = GoldfishConfig().h
 
 __all__ = ["GROUP_TITLE", "add_apertus_args", "chain_extra_args", "ApertusOptions", "options_from_args",
            "parse_modality_weight", "describe_options"]
@@ -50,9 +55,14 @@ def add_apertus_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                    help="rows of the input embedding and output layer (the released model: 266752): Megatron's "
                    "--padded-vocab-size; default: Megatron's padded vocabulary size")
     # loss targets (SPEC.md 4.1)
-    g.add_argument("--apertus-targets", default="all", choices=("all", "text-only"),
-                   help="stage preset: all (stage 1, every modality predicted) or text-only (stage 2 on: content "
-                   "codes weigh 0, task-control markers excluded)")
+    g.add_argument("--apertus-stage", default=None, choices=tuple(STAGE_TARGETS),
+                   help="the report's continued-pretraining stage this run is (1, 2, 3 or long-context): sets the "
+                   "stage's target preset (1: all; 2, 3, long-context: text-only) unless --apertus-targets names "
+                   "one; a preset that contradicts the stage runs as asked and the divergence is logged once")
+    g.add_argument("--apertus-targets", default=None, choices=("all", "text-only"),
+                   help="target preset: all (stage 1, every modality predicted) or text-only (stage 2 on: only text "
+                   "is predicted; omni markers, codes and task-control markers weigh 0); default: the stage's, "
+                   "else all")
     g.add_argument("--apertus-modality-weight", action="append", default=[], metavar="NAME=W",
                    help="loss weight of a modality (text, omni, image, audio), overriding the preset; W is a number "
                    "or a schedule STEP:VALUE,STEP:VALUE,... (piecewise linear over iterations). Repeatable")
@@ -75,6 +85,10 @@ def add_apertus_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                    "their samples are packed best-fit-decreasing and get the SFT loss mask")
     g.add_argument("--apertus-sft-mask", default="derive", choices=("derive", "stored"),
                    help="derive the SFT mask from the ids on the fly (default) or read the stored mask stream")
+    g.add_argument("--apertus-sft-specials", default="emitted", choices=SFT_SPECIALS,
+                   help="special tokens of an assistant turn that are SFT targets: emitted (default: "
+                   "<|assistant_end|> and the tool-call markers, the tokens the assistant writes) or none (every "
+                   "special token masked, the literal reading of the report's Appendix G)")
     g.add_argument("--apertus-sft-mask-suffix", default=".mask", metavar="SUFFIX",
                    help="the stored mask of PREFIX is the indexed dataset PREFIX+SUFFIX (one uint8 per token)")
     g.add_argument("--apertus-sft-oversize", default="error", choices=("error", "split"),
@@ -153,8 +167,7 @@ class ApertusOptions:
 
     spec: VocabSpec
     targets: TargetConfig
-    goldfish: dict[str, Any] | None
-    goldfish_sft: bool
+    goldfish: GoldfishConfig | None
     sft_prefixes: tuple[str, ...]
     sft_mask: str
     sft_mask_suffix: str
@@ -164,12 +177,13 @@ class ApertusOptions:
     manifest_checksums: bool
     embedding_rows: int | None
     optimizer: str
-    ademamix: dict[str, Any] = field(default_factory=dict)
+    ademamix: AdEMAMixSettings = field(default_factory=AdEMAMixSettings)
     weight_decay_on: str = "all"
     allow_rope_change: bool = False
     empty_steps: str = "skip"
     bfd_prefixes: tuple[str, ...] = ()
     pad_multiple: int = 1
+    sft_specials: str = "emitted"
 
 
 def _spec_from_args(args: argparse.Namespace) -> VocabSpec:
@@ -200,7 +214,9 @@ def _options_from_args(args: argparse.Namespace) -> ApertusOptions:
         raise ValueError(f"--apertus-recipe {args.apertus_recipe}: recipes are expanded by the apertus-megatron launcher; "
                          "run the script through it (apertus-megatron SCRIPT ...)")
     spec = _spec_from_args(args)
-    preset = TargetConfig.preset(args.apertus_targets, spec)
+    stage = getattr(args, "apertus_stage", None)
+    preset_name = stage_targets(stage, args.apertus_targets)
+    preset = TargetConfig.preset(preset_name, spec)
     weights = dict(preset.modality_weights)
     for item in args.apertus_modality_weight:
         name, w = parse_modality_weight(item)
@@ -208,6 +224,15 @@ def _options_from_args(args: argparse.Namespace) -> ApertusOptions:
             raise ValueError(f"--apertus-modality-weight {item!r}: unknown modality {name!r}; this vocabulary has "
                              f"{list(spec.modality_names)}")
         weights[name] = w
+        if preset_name == "text-only" and name != "text" and w != 0.0:
+            note(f"modality-weight:{name}", f"--apertus-modality-weight {item} trains {name} tokens on top of "
+                 "text-only targets; the report predicts text only from stage 2 on, weight 0 on every non-text "
+                 "token (section 3.2, Table 2)")
+    if stage is not None and (args.apertus_goldfish_k, args.apertus_goldfish_h) != (GOLDFISH_K, GOLDFISH_H):
+        note("goldfish", f"stage {stage} runs with --apertus-goldfish-k {args.apertus_goldfish_k} --apertus-goldfish-h "
+             f"{args.apertus_goldfish_h}; the report keeps "
+             f"Apertus 1.0's Goldfish loss (k = {GOLDFISH_K}, h = {GOLDFISH_H}) in every continued-pretraining stage "
+             "(section 3.2)")
     for name in args.apertus_exclude_tokens:
         try:
             spec.id(name)
@@ -226,13 +251,16 @@ def _options_from_args(args: argparse.Namespace) -> ApertusOptions:
     if args.apertus_goldfish_k > 0:
         if args.apertus_goldfish_h < 1:
             raise ValueError(f"--apertus-goldfish-h must be >= 1, got {args.apertus_goldfish_h}")
-        goldfish = {"k": args.apertus_goldfish_k, "h": args.apertus_goldfish_h,
-                    "variant": args.apertus_goldfish_variant}
+        goldfish = GoldfishConfig(k=args.apertus_goldfish_k, h=args.apertus_goldfish_h,
+                                  variant=args.apertus_goldfish_variant, on_sft=bool(args.apertus_goldfish_sft))
     both = sorted(set(map(os.path.normpath, args.apertus_sft_data)) & set(
         map(os.path.normpath, getattr(args, "apertus_bfd_data", []))))
     if both:
         raise ValueError(f"--apertus-bfd-data and --apertus-sft-data both name {', '.join(both)}: a prefix holds either "
                          "pretraining documents or conversations")
+    if args.apertus_sft_mask == "stored" and getattr(args, "apertus_sft_specials", "emitted") != "emitted":
+        raise ValueError("--apertus-sft-specials none derives the SFT mask from the ids; with --apertus-sft-mask "
+                         "stored the stored stream decides (written with the default, emitted): drop one of them")
     rows = getattr(args, "padded_vocab_size", None)
     if rows is not None:
         spec.check_embedding(rows, "embedding (--apertus-embedding-rows / --padded-vocab-size)")
@@ -241,19 +269,19 @@ def _options_from_args(args: argparse.Namespace) -> ApertusOptions:
         spec=spec,
         targets=targets,
         goldfish=goldfish,
-        goldfish_sft=bool(args.apertus_goldfish_sft),
         sft_prefixes=tuple(os.path.normpath(p) for p in args.apertus_sft_data),
         sft_mask=args.apertus_sft_mask,
         sft_mask_suffix=args.apertus_sft_mask_suffix,
         sft_oversize=args.apertus_sft_oversize,
+        sft_specials=getattr(args, "apertus_sft_specials", "emitted"),
         packed_sequences=bool(args.apertus_packed_sequences),
         manifest=args.apertus_manifest,
         manifest_checksums=bool(getattr(args, "apertus_manifest_checksums", False)),
         embedding_rows=rows,
         optimizer=args.apertus_optimizer,
-        ademamix={"beta3": args.apertus_ademamix_beta3, "alpha": args.apertus_ademamix_alpha,
-                  "alpha_warmup": args.apertus_ademamix_alpha_warmup or None,
-                  "beta3_warmup": args.apertus_ademamix_beta3_warmup or None},
+        ademamix=AdEMAMixSettings(beta3=args.apertus_ademamix_beta3, alpha=args.apertus_ademamix_alpha,
+                                  alpha_warmup=args.apertus_ademamix_alpha_warmup or None,
+                                  beta3_warmup=args.apertus_ademamix_beta3_warmup or None),
         weight_decay_on=args.apertus_weight_decay_on,
         allow_rope_change=bool(args.apertus_allow_rope_change),
         empty_steps=getattr(args, "apertus_empty_steps", "skip"),
@@ -286,10 +314,8 @@ def describe_options(options: ApertusOptions) -> str:
                for k, v in options.targets.modality_weights.items()}
     parts = [f"vocabulary {options.spec.size} ids", f"modality weights {weights or 'all 1'}",
              "end-of-document rule " + ("on" if options.targets.end_of_document else "off"),
-             "Goldfish " + (f"k={options.goldfish['k']} h={options.goldfish['h']} {options.goldfish['variant']}"
-                            if options.goldfish else "off"),
-             "optimizer " + ("AdEMAMix " + ", ".join(f"{k}={v}" for k, v in options.ademamix.items())
-                             if options.optimizer == "ademamix" else "Megatron's"),
+             "Goldfish " + (options.goldfish.describe() if options.goldfish else "off"),
+             "optimizer " + ("AdEMAMix " + options.ademamix.describe() if options.optimizer == "ademamix" else "Megatron's"),
              f"weight decay on {options.weight_decay_on}", f"steps without targets: {options.empty_steps}"]
     if options.sft_prefixes:
         parts.append(f"SFT prefixes {list(options.sft_prefixes)} (mask {options.sft_mask})")

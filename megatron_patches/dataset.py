@@ -46,14 +46,13 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset as MegatronInd
 from megatron.core.datasets.megatron_dataset import MegatronDataset
 from megatron.core.datasets.utils import Split
 
-from apertus_plugins.core.goldfish import goldfish_drop
 from apertus_plugins.core.packing import (
     best_fit_decreasing,
     packed_layout,
     packed_layout_from_eod,
     pad_to_multiple,
 )
-from apertus_plugins.core.targets import TargetConfig, pretraining_targets, sft_mask, sft_mask_from_stored
+from apertus_plugins.core.targets import TargetConfig, pretraining_targets, sft_targets
 
 from .arguments import ApertusOptions
 from .errors import SftPackingError
@@ -188,14 +187,9 @@ class ApertusDataset(GPTDataset):
         if self.is_bfd:
             weights = pretraining_targets(ids, self.spec, self.keep_config, goldfish=self.config.apertus.goldfish).weights
             return ids, weights > 0
-        if self._stored_mask is not None:
-            keep = np.asarray(sft_mask_from_stored(self._stored_mask.get(int(seq)), length=ids.size), dtype=bool)
-        else:
-            keep = sft_mask(ids, self.spec)
+        stored = self._stored_mask.get(int(seq)) if self._stored_mask is not None else None
         opts = self.config.apertus
-        if opts.goldfish is not None and opts.goldfish_sft:
-            keep = keep & ~goldfish_drop(ids[1:], spec=self.spec, **opts.goldfish)
-        return ids, keep
+        return ids, sft_targets(ids, self.spec, stored=stored, goldfish=opts.goldfish, specials=opts.sft_specials)
 
     def _sft_sample(self, sample: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(ids of S+1 tokens, keep mask of the S labels, document ids and positions of the S inputs)."""

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from .ademamix import AdEMAMix
+from .ademamix import AdEMAMix, AdEMAMixSettings
 
 __all__ = ["AdEMAMix", "MegatronAdEMAMix", "ademamix_init_state_fn", "apply_weight_decay_rule",
            "check_ademamix_config"]
@@ -40,7 +40,7 @@ class MegatronAdEMAMix(AdEMAMix):
     :func:`megatron_patches.overrides.adam_replaced_by_ademamix`).
     """
 
-    settings: dict[str, Any] = {}
+    settings: AdEMAMixSettings = AdEMAMixSettings()
 
     def __init__(self, params: Any, lr: float = 1e-3, weight_decay: float = 0.0,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, adam_w_mode: bool = True,
@@ -51,8 +51,8 @@ class MegatronAdEMAMix(AdEMAMix):
             raise ValueError(f"AdEMAMix cannot take megatron-core's {sorted(unsupported)} (precision-aware "
                              "optimizer options); drop --use-precision-aware-optimizer")
         s = self.settings
-        super().__init__(params, lr=lr, betas=(*betas[:2], s.get("beta3", 0.9999)), alpha=s.get("alpha", 8.0),
-                         alpha_warmup=s.get("alpha_warmup"), beta3_warmup=s.get("beta3_warmup"), eps=eps,
+        super().__init__(params, lr=lr, betas=(*betas[:2], s.beta3), alpha=s.alpha,
+                         alpha_warmup=s.alpha_warmup, beta3_warmup=s.beta3_warmup, eps=eps,
                          weight_decay=weight_decay, decoupled_weight_decay=adam_w_mode)
 
 

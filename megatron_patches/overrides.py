@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from .ademamix import AdEMAMixSettings
 from .arguments import add_apertus_args, chain_extra_args
 from .errors import ApertusRunError
 
@@ -339,14 +340,14 @@ def _training_log(original: Callable[..., Any]) -> Callable[..., Any]:
 
 # ------------------------------------------------------------------------------------------ the optimizer
 @contextlib.contextmanager
-def adam_replaced_by_ademamix(settings: Mapping[str, Any]) -> Iterator[None]:
+def adam_replaced_by_ademamix(settings: AdEMAMixSettings) -> Iterator[None]:
     """Inside the block, megatron-core's optimizer module builds AdEMAMix where it builds ``Adam``."""
     import megatron.core.optimizer as mco
 
     from .optimizer import MegatronAdEMAMix
 
     saved = (mco.Adam, mco.USING_PYTORCH_OPTIMIZER, MegatronAdEMAMix.settings)
-    MegatronAdEMAMix.settings = dict(settings)
+    MegatronAdEMAMix.settings = settings
     mco.Adam, mco.USING_PYTORCH_OPTIMIZER = MegatronAdEMAMix, False
     try:
         yield

@@ -20,8 +20,9 @@ Shipped recipes (``apertus-megatron --recipes`` lists them); every number is the
   8,192, RoPE base 500,000 with llama3 factor 8 (Apertus 1.0's, section 3.3), Goldfish k = h = 50
   (section 3.2); 8B: peak 1.1e-4, global batch 1,024, TP 2; 70B: peak 2e-5, global batch 2,048,
   TP 4, PP 8, two virtual stages per pipeline rank. The stage lengths are the run's: pass
-  ``--train-samples`` and ``--lr-wsd-decay-samples`` (stage 3's length); stages 2 and 3 add
-  ``--apertus-targets text-only``.
+  ``--train-samples``, ``--lr-wsd-decay-samples`` (stage 3's length) and ``--apertus-stage 1``, ``2`` or
+  ``3``: the stage sets the report's targets (stage 1 all modalities, stages 2 and 3 text only); an
+  ``--apertus-targets`` that contradicts the stage runs as asked and is logged once.
 * ``long-context-{8b,70b}-{32k,64k,128k,256k}`` (section 3.3, Appendix G): the four
   context-extension steps. Each loads the previous step's checkpoint with a fresh optimizer:
   pass it as ``--pretrained-checkpoint`` (Megatron loads it as a finetuning start, optimizer,
@@ -32,7 +33,7 @@ Shipped recipes (``apertus-megatron --recipes`` lists them); every number is the
   same tokens per batch as its main run), context parallelism 2, 4, 8, 16 (8B) and 4, 8, 16,
   32 (70B), the 70B without virtual pipeline stages (section 3.4), the token budget of each step
   as ``--train-samples`` (8B: 62.9B, 58.7B, 58.7B, 58.7B; 70B: 58.7B, 58.7B, 50.3B, 50.3B),
-  text-only targets and Goldfish as in the stages before. Documents are packed
+  ``--apertus-stage long-context`` with text-only targets and Goldfish as in the stages before. Documents are packed
   best-fit-decreasing with cross-document masking under context parallelism: name the step's
   prefixes in ``--apertus-bfd-data``; ``--apertus-packed-sequences`` and micro batch 1 are set.
 * ``sft-8b``, ``sft-70b`` (section 4.2, Appendix G): Adam (0.9, 0.999), no weight decay, clipping
@@ -154,7 +155,7 @@ def _build() -> dict[str, Recipe]:
         out[f"cpt-{size}"] = Recipe(
             f"cpt-{size}", f"continued pretraining {size.upper()}: AdEMAMix, WSD with 1-sqrt decay to 10%, "
             f"warm-up {m.warmup_iterations} iterations", tuple(flags),
-            needs=("--train-samples", "--lr-wsd-decay-samples"))
+            needs=("--train-samples", "--lr-wsd-decay-samples", "--apertus-stage"))
         tokens_per_batch = m.batch * MAIN_SEQUENCE
         for (name, length, base, factor), cp, budget in zip(_LONG_CONTEXT, m.long_context_cp, m.long_context_tokens,
                                                              strict=True):
@@ -162,7 +163,8 @@ def _build() -> dict[str, Recipe]:
             lc = [*_ademamix(), "--lr", _g(m.peak / 10), "--min-lr", _g(m.peak / 10), "--lr-decay-style", "constant",
                   "--lr-warmup-samples", "0", "--global-batch-size", str(b), "--micro-batch-size", "1", *m.parallel,
                   "--context-parallel-size", str(cp), "--seq-length", str(length), *_rope(base, factor, length),
-                  "--train-samples", str(_samples(budget, length, b)), "--apertus-targets", "text-only",
+                  "--train-samples", str(_samples(budget, length, b)), "--apertus-stage", "long-context",
+                  "--apertus-targets", "text-only",
                   *_goldfish(), "--apertus-packed-sequences", "--apertus-allow-rope-change"]
             out[f"long-context-{size}-{name}"] = Recipe(
                 f"long-context-{size}-{name}", f"context extension {size.upper()} to {name}: RoPE base {base:,}, "

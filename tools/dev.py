@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -45,8 +46,8 @@ def nox_env() -> Path:
     return venv
 
 
-def junit_counts(report: Path) -> tuple[int, int, int, int] | None:
-    """``(passed, failed, errors, skipped)`` from a pytest JUnit XML report, or None when there is none."""
+def junit_counts(report: Path) -> tuple[int, int, int, int, float] | None:
+    """``(passed, failed, errors, skipped, seconds)`` from a pytest JUnit XML report, or None when there is none."""
     if not report.is_file():
         return None
     try:
@@ -55,12 +56,14 @@ def junit_counts(report: Path) -> tuple[int, int, int, int] | None:
         return None
     suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
     tests = failed = errors = skipped = 0
+    seconds = 0.0
     for s in suites:
         tests += int(s.get("tests", 0))
         failed += int(s.get("failures", 0))
         errors += int(s.get("errors", 0))
         skipped += int(s.get("skipped", 0))
-    return tests - failed - errors - skipped, failed, errors, skipped
+        seconds += float(s.get("time", 0) or 0)
+    return tests - failed - errors - skipped, failed, errors, skipped, seconds
 
 
 def cmd_test(args: list[str]) -> int:
@@ -80,8 +83,10 @@ def cmd_test(args: list[str]) -> int:
     cmd = [str(nox), "-f", str(ROOT / "noxfile.py"), "-s", *suites]
     if pytest_args:
         cmd += ["--", *pytest_args]
+    started = time.monotonic()
     rc = subprocess.call(cmd, cwd=ROOT, env=dict(os.environ, APERTUS_BASE_PYTHON=sys.executable))
-    print("\n==== suites ====")
+    wall = time.monotonic() - started
+    print("\n==== suites (time: pytest's own, environments not counted) ====")
     total_p = total_f = 0
     for s in suites:
         counts = junit_counts(REPORTS / f"{s}.xml")
@@ -89,11 +94,12 @@ def cmd_test(args: list[str]) -> int:
             print(f"{s:14s} FAILED  no report (the environment or the session failed before pytest ran)")
             total_f += 1
             continue
-        p, f, e, k = counts
+        p, f, e, k, secs = counts
         status = "ok" if not (f or e) else "FAILED"
-        print(f"{s:14s} {status:6s} {p:5d} passed {f:3d} failed {e:3d} errors {k:3d} skipped")
+        print(f"{s:14s} {status:6s} {p:5d} passed {f:3d} failed {e:3d} errors {k:3d} skipped {secs / 60:6.1f} min")
         total_p += p
         total_f += f + e
+    print(f"all suites, environments included: {wall / 60:.1f} min")
     print(f"{total_p} passed, {total_f} failed (nox exit {rc})")
     return 1 if rc or total_f else 0
 

@@ -148,12 +148,14 @@ def ensure_debian_packages(suite: str) -> None:
         raise SystemExit(f"suite {suite} needs the Debian packages {' '.join(missing)} (tests/{suite}/debian.txt); "
                          f"install them as root: apt-get install -y {' '.join(missing)}")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    install = [*sudo, "apt-get", "install", "-y", "-q", *missing]
+    # another process (a second checkout's test run, the system's own updates) may hold dpkg's lock: wait for it
+    wait = ["-o", "DPkg::Lock::Timeout=900"]
+    install = [*sudo, "apt-get", *wait, "install", "-y", "-q", *missing]
     log(f"{suite}: installing Debian packages {' '.join(missing)} (tests/{suite}/debian.txt)")
     t0 = time.time()
     done = subprocess.run(install, env=env, capture_output=True, text=True)
     if done.returncode != 0:  # a stale or missing package list: refresh it once and try again
-        subprocess.run([*sudo, "apt-get", "update", "-q"], env=env, capture_output=True, text=True)
+        subprocess.run([*sudo, "apt-get", *wait, "update", "-q"], env=env, capture_output=True, text=True)
         done = subprocess.run(install, env=env, capture_output=True, text=True)
     still = [p for p in missing if not _installed(p)]
     if done.returncode != 0 or still:

@@ -1,10 +1,12 @@
-"""``apertus tokenize pretrain|sft SOURCE... --out PREFIX``: media and conversations -> Megatron indexed datasets."""
+"""``apertus tokenize pretrain|sft|interleaved|longcontext SOURCE... --out PREFIX``: media, conversations,
+interleaved speech-text recordings and the synthetic long-context tasks -> Megatron indexed datasets."""
 
 from __future__ import annotations
 
 import argparse
 
 from apertus_plugins.cli.encode import add_media_cache_args
+from apertus_plugins.data.offline.batching import AUDIO_BATCHINGS
 from apertus_plugins.data.offline.config import (
     AUDIO_TASKS,
     CAPTIONS,
@@ -35,6 +37,14 @@ inputs are mostly broken stops with its report (--max-bad-fraction).
             document: BOS + image or audio sequence (+ caption / transcript) + EOS.
   sft:      JSONL conversations (OpenAI or Apertus message shape, media by path); one conversation
             per document, rendered with the training template.
+  interleaved: JSONL recordings, one per line: {"clips": [{"audio": PATH, "text": TRANSCRIPT}, ...]}
+            in recording order; the report's interleaved speech-text sequences (section 2.2.4), one
+            per document (--split-tokens 8192: longer ones to PREFIX.long, the long-context pool).
+
+Audio batching: by default clips share an encoder batch only with clips of identical length
+(codes equal single-clip encoding and do not depend on the batch). --audio-batching report
+batches as the report's pipeline did (section 2.3.2): duration buckets, batches capped by total
+audio duration, clips padded to the longest, the last five codes of a padded clip dropped.
 
 --checkpoint and --tokenizer take a directory or a Hub id ORG/NAME[@REVISION] (the Hugging Face
 cache; only the encoder shards of a checkpoint are fetched). --tokenizer defaults to the
@@ -63,6 +73,14 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "(16777216); an item above a limit is skipped, named, with its reason")
     p.add_argument("--batch-size", type=int, default=32, help="most items per batch (default 32)")
     p.add_argument("--batch-codes", type=int, default=65536, help="most media codes per batch (default 65536)")
+    p.add_argument("--audio-batching", default="exact", choices=AUDIO_BATCHINGS,
+                   help="exact (default): clips batched only by identical length, every code kept; report: duration "
+                        "buckets, clips padded to the longest of their batch, the last five codes of a padded clip "
+                        "dropped (report 2.3.2)")
+    p.add_argument("--audio-batch-seconds", type=float, default=1500.0, metavar="S",
+                   help="report batching: most seconds of audio per batch (default 1500)")
+    p.add_argument("--audio-buckets", type=int, default=20, metavar="N",
+                   help="report batching: duration buckets (default 20)")
     p.add_argument("--workers", type=int, default=default_workers(),
                    help=f"local worker processes (default {default_workers()}; 0: in this process)")
     p.add_argument("--ray-address", metavar="ADDR",
@@ -145,6 +163,93 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sft.add_argument("--media-root", metavar="DIR",
                      help="relative media paths are resolved here (default: the JSONL file's folder)")
     sft.set_defaults(func=run)
+    inter = kinds.add_parser("interleaved", help="JSONL recordings: the report's interleaved speech-text sequences",
+                             description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(inter)
+    inter.add_argument("--split-tokens", type=int, default=0, metavar="N",
+                       help="write sequences longer than N tokens to PREFIX.long (the report: 8192 between stage 2 "
+                            "and the long-context extension; default 0: no cut)")
+    inter.add_argument("--media-root", metavar="DIR",
+                       help="relative clip paths are resolved here (default: the JSONL file's folder)")
+    inter.add_argument("--no-bos", action="store_true", help="documents do not start with BOS")
+    inter.add_argument("--no-eos", action="store_true", help="documents do not end with EOS")
+    inter.set_defaults(func=run)
+    _add_longcontext(kinds)
+
+
+_LONGCONTEXT = """\
+Generate the synthetic long-context tasks of the report (section 3.3, Appendix F; Table 8 for
+long-context SFT) from the texts of JSONL files: common-word extraction (CWE), document-order
+reconstruction (DocOrder) and artificial needles, each example one tokenized conversation whose
+loss mask trains the answers only. Source documents of a quarter to half the target length make
+hard examples (10 CWE questions, 8 DocOrder sections), longer ones easy examples (5 questions, 4
+sections); needles take lengths from a quarter of the target to the target. Empty, too short, too
+long or unreadable documents are skipped, named and counted. The tasks' token shares follow the
+report's mix for --model and --step (or --mix). Streams: one example in memory at a time.
+
+Writes PREFIX.bin/.idx (name it in --apertus-sft-data of the long-context recipes), the mask
+stream PREFIX.mask.bin/.idx (--apertus-sft-mask stored), PREFIX.examples.jsonl (each example's
+task, bucket, source and answers), PREFIX.report.json and PREFIX.manifest.json.
+"""
+
+
+def _add_longcontext(kinds: argparse._SubParsersAction) -> None:
+    from apertus_plugins.core.longcontext import STEPS
+
+    lc = kinds.add_parser("longcontext", help="synthetic long-context tasks (CWE, DocOrder, needles) from JSONL texts",
+                          description=_LONGCONTEXT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    lc.add_argument("sources", nargs="*", metavar="JSONL", help="JSONL files of source documents (none: needles only)")
+    lc.add_argument("--out", required=True, metavar="PREFIX", help="output prefix")
+    lc.add_argument("--tokenizer", required=True, metavar="DIR", help="tokenizer directory or Hub id")
+    lc.add_argument("--step", default="32k", choices=tuple(STEPS),
+                    help="the long-context step (32k, 64k, 128k, 256k: the extension; sft: long-context SFT); sets "
+                         "the target length and the report's task mix (default 32k)")
+    lc.add_argument("--model", default="8b", choices=("8b", "70b"), help="whose mix (Tables F.1/F.2, 8; default 8b)")
+    lc.add_argument("--length", type=int, metavar="TOKENS", help="target length (default: the step's)")
+    lc.add_argument("--mix", type=_mix, metavar="cwe=W,docorder=W,needles=W",
+                    help="token shares of the tasks instead of the report's")
+    lc.add_argument("--seed", type=int, default=0, help="seed of every draw (default 0)")
+    lc.add_argument("--text-key", default="text", help="the key of a record's text (default text)")
+    lc.add_argument("--max-tokens", type=int, metavar="N", help="stop after N tokens (default: the documents' end)")
+    lc.add_argument("--max-examples", type=int, metavar="N", help="stop after N examples")
+    lc.set_defaults(func=run_longcontext)
+
+
+def _mix(text: str) -> dict[str, float]:
+    from apertus_plugins.core.longcontext import TASKS
+
+    out: dict[str, float] = {}
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = -1.0
+        if not sep or name.strip() not in TASKS or weight < 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=WEIGHT,... with NAME one of {', '.join(TASKS)} "
+                                             "and WEIGHT a non-negative number")
+        out[name.strip()] = weight
+    return out
+
+
+def run_longcontext(args: argparse.Namespace) -> int:
+    import json
+
+    from apertus_plugins.core.chat import ChatTokenizer
+    from apertus_plugins.core.longcontext import STEPS, report_mix
+    from apertus_plugins.data.longcontext import write_long_context
+    from apertus_plugins.infra.hub import local_path
+
+    tokenizer = local_path(args.tokenizer, weights=False, what="--tokenizer")
+    mix = args.mix if args.mix is not None else report_mix(args.model, args.step)
+    length = args.length if args.length is not None else STEPS[args.step]
+    describe = {"step": args.step, "model": args.model, "mix_from": "--mix" if args.mix else "report"}
+    report = write_long_context(args.sources, args.out, ChatTokenizer(tokenizer), length=length, mix=mix,
+                                seed=args.seed, max_tokens=args.max_tokens, max_examples=args.max_examples,
+                                text_key=args.text_key, describe=describe)
+    summary = {k: report[k] for k in ("examples", "buckets", "tokens", "shares", "skipped", "shortest", "longest")}
+    print(json.dumps(summary, indent=2))
+    return 0
 
 
 def resolve_inputs(tokenizer: str | None, checkpoint: str | None) -> tuple[str, str | None]:
@@ -198,9 +303,14 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress, keep_work=args.keep_work, restart=args.restart, merge=args.merge,
         plan_files=args.plan_files, plan_bytes=args.plan_bytes, encoders=args.encoders, plan_only=args.plan_only,
         max_bad_fraction=args.max_bad_fraction, media_cache=args.media_cache, media_cache_size=args.media_cache_size,
+        audio_batching=args.audio_batching, audio_batch_seconds=args.audio_batch_seconds,
+        audio_buckets=args.audio_buckets,
     )
     if args.kind == "pretrain":
         cfg = TokenizeConfig(**common, audio_task=args.audio_task, captions=args.captions, window=args.window,
+                             bos=not args.no_bos, eos=not args.no_eos)
+    elif args.kind == "interleaved":
+        cfg = TokenizeConfig(**common, split_tokens=args.split_tokens, media_root=args.media_root,
                              bos=not args.no_bos, eos=not args.no_eos)
     else:
         cfg = TokenizeConfig(**common, without_reasoning=args.without_reasoning, mask_stream=args.mask_stream,

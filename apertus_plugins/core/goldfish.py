@@ -30,6 +30,8 @@ cache-sized chunks.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -44,6 +46,7 @@ __all__ = [
     "TABLE_SIZE",
     "TABLE_SEED",
     "VARIANTS",
+    "GoldfishConfig",
     "goldfish_table",
     "order_sensitive_coefficients",
     "goldfish_keys",
@@ -56,6 +59,57 @@ TABLE_SEED = 2971215073
 VARIANTS = ("hashtable", "order-sensitive")
 _TABLE_FILE = f"goldfish_table_{TABLE_SEED}.npz"
 _CHUNK = 1 << 15
+
+
+@dataclass(frozen=True)
+class GoldfishConfig:
+    """Goldfish loss settings, one documented field each (Apertus 1.0's parameters, unchanged in 1.5).
+
+    Built once (from Megatron's ``--apertus-goldfish-*`` flags, a recipe, or by hand) and handed down to
+    every place that drops targets: :func:`apertus_plugins.core.targets.pretraining_targets` and
+    :func:`apertus_plugins.core.targets.sft_targets`.
+    """
+
+    k: int = 50
+    """Drop rate about ``1/k`` of the eligible label positions (report: k = 50)."""
+    h: int = 50
+    """Window: a position's fate is decided by the ``h`` labels that end there (report: h = 50)."""
+    variant: str = "hashtable"
+    """``"hashtable"`` (bit-compatible with the public implementation) or ``"order-sensitive"``."""
+    on_sft: bool = False
+    """Also drop SFT targets (the report applies Goldfish in continued pretraining only)."""
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ValueError(f"Goldfish k must be >= 1 (about 1/k of the positions drop), got {self.k}")
+        if self.h < 1:
+            raise ValueError(f"Goldfish h must be >= 1, got {self.h}")
+        if self.variant not in VARIANTS:
+            raise ValueError(f"unknown Goldfish variant {self.variant!r}; choose one of {', '.join(VARIANTS)}")
+
+    @classmethod
+    def coerce(cls, value: GoldfishConfig | Mapping[str, Any] | None) -> GoldfishConfig | None:
+        """``value`` as a config: a config as is, a mapping of its fields (``k``, ``h``, ``variant``), or None
+        (also for a mapping with ``k <= 0``, which drops nothing)."""
+        if value is None or isinstance(value, cls):
+            return value
+        if int(value.get("k", 50)) <= 0:  # goldfish_drop's rule: k <= 0 drops nothing
+            return None
+        unknown = set(value) - {"k", "h", "variant", "on_sft"}
+        if unknown:
+            raise ValueError(f"unknown Goldfish settings {sorted(unknown)}; the fields are k, h, variant, on_sft")
+        return cls(**dict(value))
+
+    def drop(self, labels: Any, spec: VocabSpec | None = None, *, context: Any = None) -> Any:
+        """:func:`goldfish_drop` of ``labels`` with these settings (True = dropped)."""
+        return goldfish_drop(labels, k=self.k, h=self.h, variant=self.variant, spec=spec, context=context)
+
+    def describe(self) -> str:
+        """``k=50 h=50 hashtable`` (``, SFT too`` when it drops SFT targets)."""
+        return f"k={self.k} h={self.h} {self.variant}" + (", SFT too" if self.on_sft else "")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @lru_cache(maxsize=1)

@@ -20,19 +20,32 @@ import numpy as np
 
 from ._arrays import like as _like
 from ._arrays import to_numpy as _to_numpy
+from .goldfish import GoldfishConfig
 from .vocab import VocabSpec, default_spec
 
 __all__ = [
     "StartState",
+    "SftSpecials",
+    "SFT_SPECIALS",
     "sft_mask",
     "sft_mask_from_stored",
     "Schedule",
     "TargetConfig",
     "TargetWeights",
     "pretraining_targets",
+    "sft_targets",
+    "STAGE_TARGETS",
+    "stage_targets",
 ]
 
 StartState = Literal["auto", "none", "assistant", "tool_output"]
+#: Which special tokens inside an assistant turn are SFT targets (report Appendix G: "restrict the loss to
+#: assistant regions with special tokens masked"): ``"emitted"`` (the default, the release's reading): the
+#: ones the assistant writes itself, ``<|assistant_end|>`` and the tool-call markers ``<|tools_prefix|>`` /
+#: ``<|tools_suffix|>`` (the released stops; a model that never learns them cannot end a turn or call a
+#: tool), every other special token masked; ``"none"``: the literal reading, every special token masked.
+SftSpecials = Literal["emitted", "none"]
+SFT_SPECIALS: tuple[str, ...] = ("emitted", "none")
 
 #: Markers that change the turn state (closing or opening a turn, or a conversation boundary).
 _TURN_OPENERS_OTHER = ("system_start", "developer_start", "user_start")
@@ -59,6 +72,7 @@ class _SftTables:
         cls[spec.text_size :] = _NEVER  # omni markers and media codes: the LM head predicts text only
         self.cls = cls
         self.size = size
+        self.special = spec.special_mask(size)
 
 
 _TABLE_CACHE: dict[int, tuple[VocabSpec, _SftTables]] = {}
@@ -79,7 +93,7 @@ def _check_ids(arr: np.ndarray, size: int) -> np.ndarray:
     return ids
 
 
-def _sft_mask_1d(ids: np.ndarray, tables: _SftTables, start_inside: str) -> np.ndarray:
+def _sft_mask_1d(ids: np.ndarray, tables: _SftTables, start_inside: str, specials: str = "emitted") -> np.ndarray:
     n = ids.size
     if n < 2:
         return np.zeros(max(n - 1, 0), dtype=bool)
@@ -110,10 +124,13 @@ def _sft_mask_1d(ids: np.ndarray, tables: _SftTables, start_inside: str) -> np.n
     bounds[-1] = n - 1
     trained = np.repeat(state, np.diff(bounds))
     trained &= (cls == _PLAIN) | (cls == _A_END)  # every other marker, and _NEVER, is never a target
+    if specials == "none":
+        trained &= ~tables.special[ids]
     return trained[1:]
 
 
-def sft_mask(ids: Any, spec: VocabSpec | None = None, *, start_inside: StartState = "auto") -> Any:
+def sft_mask(ids: Any, spec: VocabSpec | None = None, *, start_inside: StartState = "auto",
+             specials: SftSpecials = "emitted") -> Any:
     """The SFT loss mask of a token sequence, computed on its labels (SPEC.md 4.2).
 
     Args:
@@ -125,6 +142,10 @@ def sft_mask(ids: Any, spec: VocabSpec | None = None, *, start_inside: StartStat
             from the first state marker of the sequence (``<|assistant_end|>`` or
             ``<|tool_output_start|>`` first -> assistant; ``<|tool_output_end|>`` first -> tool
             output; any other turn marker, BOS/EOS, or no marker at all -> none).
+        specials: which special tokens of an assistant turn are targets (:data:`SftSpecials`):
+            ``"emitted"`` (default) trains ``<|assistant_end|>`` and the tool-call markers, the tokens the
+            assistant writes and the released stops; ``"none"`` masks every special token (the literal
+            reading of the report's "special tokens masked", Appendix G).
 
     Returns:
         bool array of length ``L-1`` (``(B, L-1)``); entry ``j`` says whether label ``j`` (``ids[j+1]``)
@@ -145,20 +166,24 @@ def sft_mask(ids: Any, spec: VocabSpec | None = None, *, start_inside: StartStat
       trained when it closes an assistant turn outside a tool output), BOS, EOS, ``<pad>``, and every
       id at or above the text boundary (omni markers and media codes: the LM head predicts text).
 
-    Thinking delimiters and tool-call markers are plain tokens: trained inside assistant turns.
+    Thinking delimiters and tool-call markers are plain tokens: trained inside assistant turns (with
+    ``specials="none"`` the tool-call markers and ``<|assistant_end|>``, special tokens, are masked too;
+    the thinking delimiters are no special tokens and stay trained).
     """
     spec = spec or default_spec()
     if start_inside not in ("auto", "none", "assistant", "tool_output"):
         raise ValueError(f"start_inside must be auto, none, assistant or tool_output, got {start_inside!r}")
+    if specials not in SFT_SPECIALS:
+        raise ValueError(f"specials must be one of {', '.join(SFT_SPECIALS)}, got {specials!r}")
     arr, src = _to_numpy(ids)
     tables = _sft_tables(spec)
     if arr.ndim == 1:
-        out = _sft_mask_1d(_check_ids(arr, tables.size), tables, start_inside)
+        out = _sft_mask_1d(_check_ids(arr, tables.size), tables, start_inside, specials)
     elif arr.ndim == 2:
         checked = _check_ids(arr, tables.size)
         out = np.zeros((arr.shape[0], max(arr.shape[1] - 1, 0)), dtype=bool)
         for b in range(arr.shape[0]):
-            out[b] = _sft_mask_1d(checked[b], tables, start_inside)
+            out[b] = _sft_mask_1d(checked[b], tables, start_inside, specials)
     else:
         raise ValueError(f"ids must be 1-D or 2-D, got shape {arr.shape}")
     return _like(out, src)
@@ -244,14 +269,21 @@ class TargetConfig:
 
     @classmethod
     def preset(cls, name: str, spec: VocabSpec | None = None) -> TargetConfig:
-        """``"all"``: every modality predicted (stage 1). ``"text-only"``: content codes weigh 0 and
-        the task-control markers are excluded (stage 2 on)."""
+        """The report's stage presets (section 3.2, Table 2).
+
+        ``"all"`` (stage 1): every modality is predicted, the omni markers included. ``"text-only"``
+        (stage 2 on, every long-context step): only text is predicted: every id at or above the text
+        range weighs 0 (the omni block, so the image and audio structure markers and placeholders, and
+        every content-code block, a plugin's included), and the task-control markers
+        (``spec.task_markers``) are excluded by name as well, so that a modality weight given on top
+        (``--apertus-modality-weight omni=1``) still never makes them targets.
+        """
         spec = spec or default_spec()
         if name == "all":
             return cls()
         if name == "text-only":
             return cls(
-                modality_weights={m.name: 0.0 for m in spec.modalities},
+                modality_weights={name: 0.0 for name in spec.modality_names if name != "text"},
                 excluded_names=spec.task_markers,
             )
         raise ValueError(f"unknown target preset {name!r}; choose 'all' or 'text-only'")
@@ -280,6 +312,34 @@ class TargetConfig:
         return np.array(sorted(ids), dtype=np.int64)
 
 
+#: The report's prediction targets per continued-pretraining stage (section 3.2, Table 2: stage 1 all
+#: modalities, stages 2 and 3 text only; section 3.3: the long-context steps continue stage 3's targets).
+STAGE_TARGETS: dict[str, str] = {"1": "all", "2": "text-only", "3": "text-only", "long-context": "text-only"}
+
+
+def stage_targets(stage: str | None, preset: str | None) -> str:
+    """The target preset to train with: ``preset`` when given, else the report's for ``stage`` (else ``"all"``).
+
+    A ``preset`` that contradicts the report's for ``stage`` is kept (the user asked for it) and the
+    divergence is logged once (:func:`apertus_plugins.core.divergence.note`), naming the report's value.
+    """
+    if stage is not None and stage not in STAGE_TARGETS:
+        raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(STAGE_TARGETS)}")
+    if preset is not None and preset not in ("all", "text-only"):
+        raise ValueError(f"unknown target preset {preset!r}; choose 'all' or 'text-only'")
+    if stage is None:
+        return preset or "all"
+    report = STAGE_TARGETS[stage]
+    if preset is not None and preset != report:
+        from .divergence import note
+
+        note(f"targets:{stage}:{preset}",
+             f"stage {stage} trains with {preset!r} targets; the report trains stage {stage} on {report!r} targets "
+             "(section 3.2, Table 2: stage 1 predicts all modalities, stages 2 and 3 and the long-context steps "
+             "text only)")
+    return preset or report
+
+
 @dataclass(frozen=True)
 class TargetWeights:
     """Per-label outputs of :func:`pretraining_targets` (length ``L-1``, or ``(B, L-1)``)."""
@@ -296,7 +356,7 @@ def pretraining_targets(
     config: TargetConfig | str = "all",
     *,
     step: float | None = None,
-    goldfish: Mapping[str, Any] | None = None,
+    goldfish: GoldfishConfig | Mapping[str, Any] | None = None,
 ) -> TargetWeights:
     """Per-label loss weights and modality indices for continued pretraining (SPEC.md 4.1).
 
@@ -305,8 +365,8 @@ def pretraining_targets(
         spec: the vocabulary layout (default: the released layout, ``vocab.default_spec()``).
         config: a :class:`TargetConfig` or a preset name (``"all"``, ``"text-only"``).
         step: the training step, needed when a modality weight is scheduled.
-        goldfish: keyword arguments of :func:`apertus_plugins.core.goldfish.goldfish_drop` (``k``, ``h``,
-            ``variant``); dropped labels get weight 0. ``None`` disables Goldfish.
+        goldfish: a :class:`~apertus_plugins.core.goldfish.GoldfishConfig` (or a mapping of its fields
+            ``k``, ``h``, ``variant``); dropped labels get weight 0. ``None`` disables Goldfish.
 
     Weight of label ``j`` (``ids[j+1]``): the weight of its modality at ``step``; 0 if it is an
     excluded id; 0 if its input ``ids[j]`` is the end-of-document token; 0 if Goldfish drops it.
@@ -326,13 +386,47 @@ def pretraining_targets(
         weights[np.isin(labels, excluded)] = 0.0
     if cfg.end_of_document is not None:
         weights[inputs == spec.id(cfg.end_of_document)] = 0.0
-    if goldfish is not None:
-        from .goldfish import goldfish_drop
-
-        opts = dict(goldfish)
-        opts.setdefault("spec", spec)
-        weights[goldfish_drop(labels, **opts)] = 0.0
+    fish = GoldfishConfig.coerce(goldfish)
+    if fish is not None:
+        weights[fish.drop(labels, spec)] = 0.0
     return TargetWeights(weights=_like(weights.astype(np.float32, copy=False), src), modality=_like(modality, src))
+
+
+def sft_targets(
+    ids: Any,
+    spec: VocabSpec | None = None,
+    *,
+    stored: Any = None,
+    goldfish: GoldfishConfig | Mapping[str, Any] | None = None,
+    specials: SftSpecials = "emitted",
+) -> Any:
+    """Which labels an SFT step trains: the SFT mask, less what Goldfish drops when it covers SFT.
+
+    The SFT counterpart of :func:`pretraining_targets`, the one rule the SFT loaders call.
+
+    Args:
+        ids: token ids of one conversation (or a packed row), length ``L``.
+        spec: the vocabulary layout (default: the released layout).
+        stored: a stored mask stream for these ids (:func:`sft_mask_from_stored`, token- or
+            label-aligned) instead of the derived :func:`sft_mask`.
+        goldfish: Goldfish settings; applied only when ``on_sft`` is set (``--apertus-goldfish-sft``),
+            since the report's SFT keeps every assistant label.
+        specials: which special tokens of an assistant turn the derived mask trains (:func:`sft_mask`);
+            a stored mask was written with its own choice.
+
+    Returns:
+        bool mask of length ``L-1``, like :func:`sft_mask`.
+    """
+    spec = spec or default_spec()
+    arr, src = _to_numpy(ids)
+    if stored is not None:
+        keep = np.asarray(sft_mask_from_stored(stored, length=arr.shape[-1]), dtype=bool)
+    else:
+        keep = np.asarray(sft_mask(arr, spec, specials=specials), dtype=bool)
+    fish = GoldfishConfig.coerce(goldfish)
+    if fish is not None and fish.on_sft:
+        keep = keep & ~np.asarray(fish.drop(arr[..., 1:], spec), dtype=bool)
+    return _like(keep, src)
 
 
 

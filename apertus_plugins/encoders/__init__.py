@@ -30,7 +30,7 @@ from .config import AudioTokenizerConfig, VisionTokenizerConfig
 _LAZY = {
     "VisionTokenizer": "vision", "select_codes_by_dot_product": "vision", "SCORE_BUDGET_BYTES": "vision",
     "AudioTokenizer": "audio", "select_codes_by_distance": "audio",
-    "group_by_shape": "api", "shape_of": "api", "encode_images": "api", "encode_audio": "api",
+    "group_by_shape": "api", "shape_of": "api", "encode_images": "api", "encode_audio": "api", "encode_audio_padded": "api",
     "image_ids": "api", "audio_ids": "api",
     "Precision": "precision", "PRECISIONS": "precision", "PrecisionError": "precision",
     "precision_scope": "precision", "encode_threads": "threads", "planned_threads": "threads",
@@ -43,7 +43,7 @@ _LAZY = {
 
 __all__ = [
     "VisionTokenizerConfig", "AudioTokenizerConfig", "VisionTokenizer", "AudioTokenizer",
-    "group_by_shape", "shape_of", "encode_images", "encode_audio", "image_ids", "audio_ids",
+    "group_by_shape", "shape_of", "encode_images", "encode_audio", "encode_audio_padded", "image_ids", "audio_ids",
     "select_codes_by_dot_product", "select_codes_by_distance", "SCORE_BUDGET_BYTES",
     "Precision", "PRECISIONS", "PrecisionError", "precision_scope", "encode_threads", "planned_threads",
     "CheckpointError", "FORMATS", "detect_format", "load_vision_tokenizer", "load_audio_tokenizer",
@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .api import audio_ids, encode_audio, encode_images, group_by_shape, image_ids, shape_of
+    from .api import audio_ids, encode_audio, encode_audio_padded, encode_images, group_by_shape, image_ids, shape_of
     from .audio import AudioTokenizer, select_codes_by_distance
     from .cache import MediaCodeCache, media_key, weights_fingerprint
     from .flops import FlopCount, audio_flops, vision_flops

@@ -28,7 +28,8 @@ from .vision import VisionTokenizer
 if TYPE_CHECKING:
     from .cache import MediaCodeCache
 
-__all__ = ["shape_of", "group_by_shape", "encode_images", "encode_audio", "image_ids", "audio_ids"]
+__all__ = ["shape_of", "group_by_shape", "encode_images", "encode_audio", "encode_audio_padded", "image_ids",
+           "audio_ids"]
 
 
 def shape_of(item: Any) -> tuple[int, ...]:
@@ -108,6 +109,32 @@ def encode_audio(tokenizer: AudioTokenizer, clips: Sequence[np.ndarray], batch_s
         for j, i in enumerate(batch):
             out[i] = codes[j]
     return out  # type: ignore[return-value]
+
+
+def encode_audio_padded(tokenizer: AudioTokenizer, clips: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Codes of 24 kHz mono clips encoded as ONE batch padded to the longest, as the report batches audio.
+
+    Every clip is zero-padded on the right to the longest clip's length, the batch is encoded in one
+    forward pass, and each clip keeps ``media.audio.padded_code_counts`` codes: all of them for a
+    clip as long as the longest, ``ceil(n / 600) - 5`` for a padded one (report 2.3.2). The codes of
+    a clip therefore depend on the clips it shares the batch with; :func:`encode_audio` (exact
+    lengths, nothing dropped) is the default everywhere. No media-code cache: the cache keys a
+    clip by its own samples, which no longer decide its codes.
+
+    Returns:
+        One int64 array per clip, in input order.
+    """
+    if not clips:
+        return []
+    arrays = [np.asarray(c, dtype=np.float32).ravel() for c in clips]
+    lengths = [a.size for a in arrays]
+    if min(lengths) == 0:
+        raise ValueError("encode_audio_padded: a clip has no samples")
+    wave = np.zeros((len(arrays), max(lengths)), dtype=np.float32)
+    for row, a in zip(wave, arrays, strict=True):
+        row[: a.size] = a
+    codes = tokenizer.encode(torch.from_numpy(wave)).cpu().numpy()
+    return [codes[j, :keep].astype(np.int64) for j, keep in enumerate(media_audio.padded_code_counts(lengths))]
 
 
 def image_ids(tokenizer: VisionTokenizer, image: Any, spec: VocabSpec, layout: str | ImageLayout = "inference",

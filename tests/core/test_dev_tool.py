@@ -41,7 +41,7 @@ def test_a_package_that_cannot_be_installed_stops_with_the_suite_and_the_package
     envs = _module("envs", tmp_path)
     assert envs.debian_packages("demo") == ["dpkg", "apertus-no-such-package-x"]
     with pytest.raises(SystemExit, match=r"suite demo needs the Debian packages apertus-no-such-package-x "
-                                         r"\(tests/demo/debian.txt\), and `apt-get install -y -q "
+                                         r"\(tests/demo/debian.txt\), and `apt-get -o DPkg::Lock::Timeout=900 install -y -q "
                                          r"apertus-no-such-package-x` failed \(exit 100\)"):
         envs.ensure_debian_packages("demo")
 
@@ -58,8 +58,8 @@ def test_the_summary_is_read_from_junit_reports(tmp_path: Path) -> None:
     dev = _module("dev")
     report = tmp_path / "s.xml"
     report.write_text('<?xml version="1.0"?><testsuites><testsuite name="s" tests="7" failures="2" errors="1" '
-                      'skipped="1"></testsuite></testsuites>')
-    assert dev.junit_counts(report) == (3, 2, 1, 1)
+                      'skipped="1" time="90.5"></testsuite></testsuites>')
+    assert dev.junit_counts(report) == (3, 2, 1, 1, 90.5)
     assert dev.junit_counts(tmp_path / "missing.xml") is None
     (tmp_path / "cut.xml").write_text("<testsuites><testsuite")
     assert dev.junit_counts(tmp_path / "cut.xml") is None
@@ -76,4 +76,5 @@ def test_pytest_arguments_after_the_separator_select_one_test(tmp_path: Path) ->
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "1 passed" in done.stdout
-    assert _module("dev").junit_counts(tmp_path / "docs.xml") == (1, 0, 0, 0)
+    assert _module("dev").junit_counts(tmp_path / "docs.xml")[:4] == (1, 0, 0, 0)
+    assert " min" in done.stdout.split("==== suites")[-1]  # each suite's time is in the summary

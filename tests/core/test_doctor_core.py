@@ -75,8 +75,8 @@ def test_a_tokenizer_directory_passes_the_tokenizer_and_template_checks(tokenize
     assert "no generation_config.json" in full.by_id()["config.generation_stops"].evidence
 
 
-def test_the_released_layout_pins_the_released_ids(full_tokenizer_dir, small_tokenizer_dir):
-    report = run_doctor(full_tokenizer_dir, only=["tokenizer"])
+def test_the_released_layout_pins_the_released_ids(apertus_full_tokenizer_dir, apertus_tokenizer_dir):
+    report = run_doctor(apertus_full_tokenizer_dir, only=["tokenizer"])
     assert report.ids(FAIL) == set() and report.ids(WARN) == set(), report.table()
     assert report.layout == "released layout, 266,440 ids"
     by = report.by_id()
@@ -86,7 +86,7 @@ def test_the_released_layout_pins_the_released_ids(full_tokenizer_dir, small_tok
                  "<|audio token 0|> -> 262344"):
         assert want in pins
     # these fixtures have no chat template: the template checks say so
-    templates = run_doctor(small_tokenizer_dir, only=["template"])
+    templates = run_doctor(apertus_tokenizer_dir, only=["template"])
     assert templates.ids(FAIL) == {"template.vectors", "template.bos", "template.injection"}
     assert templates.ids(WARN) == {"template.training"}
     assert "ships no chat template" in templates.by_id()["template.vectors"].evidence

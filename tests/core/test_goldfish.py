@@ -160,3 +160,28 @@ def test_errors_and_disabled() -> None:
         goldfish_drop([-1, 5], h=1, k=1)
     assert not goldfish_drop([100] * 10, k=0, h=1, spec=SPEC).any()
     assert goldfish_drop([], spec=SPEC).shape == (0,)
+
+
+def test_the_goldfish_config_is_the_typed_form_of_the_keyword_arguments() -> None:
+    from apertus_plugins.core.goldfish import GoldfishConfig
+
+    labels = np.random.default_rng(3).integers(100, 500, size=4000)
+    cfg = GoldfishConfig(k=4, h=3, variant="order-sensitive")
+    assert np.array_equal(cfg.drop(labels), goldfish_drop(labels, k=4, h=3, variant="order-sensitive"))
+    assert GoldfishConfig.coerce({"k": 4, "h": 3, "variant": "order-sensitive"}) == cfg
+    assert GoldfishConfig.coerce(cfg) is cfg and GoldfishConfig.coerce(None) is None
+    assert GoldfishConfig.coerce({"k": 0}) is None  # goldfish_drop's rule: k <= 0 drops nothing
+    assert GoldfishConfig() == GoldfishConfig(k=50, h=50, variant="hashtable", on_sft=False)  # the report's
+    assert cfg.describe() == "k=4 h=3 order-sensitive"
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"k": 0}, "k must be >= 1"), ({"h": 0}, "h must be >= 1"), ({"variant": "sorted"}, "unknown Goldfish variant"),
+])
+def test_a_bad_goldfish_setting_names_the_field(fields: dict, message: str) -> None:
+    from apertus_plugins.core.goldfish import GoldfishConfig
+
+    with pytest.raises(ValueError, match=message):
+        GoldfishConfig(**fields)
+    with pytest.raises(ValueError, match="unknown Goldfish settings"):
+        GoldfishConfig.coerce({"k": 5, "window": 3})

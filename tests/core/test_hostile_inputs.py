@@ -264,8 +264,8 @@ flags = st.one_of(st.booleans(), st.sampled_from(["false", 0, None]))
 
 
 @pytest.fixture(scope="module")
-def chat(small_tokenizer_dir) -> ChatTokenizer:
-    return ChatTokenizer(small_tokenizer_dir)
+def chat(apertus_tokenizer_dir) -> ChatTokenizer:
+    return ChatTokenizer(apertus_tokenizer_dir)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,

@@ -128,10 +128,10 @@ def test_inspect_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     text = capsys.readouterr().out
     assert "<|assistant_start|>" in text and "[+" in text and "trained (SFT mask)" in text
     # decoding with a tokenizer (the small test tokenizer: ids of its own layout)
-    small_tokenizer_dir = build_test_tokenizer(tmp_path / "tok", VocabSpec.scaled(), with_templates=False)
-    small = VocabSpec.from_tokenizer_dir(small_tokenizer_dir)
+    apertus_tokenizer_dir = build_test_tokenizer(tmp_path / "tok", VocabSpec.scaled(), with_templates=False)
+    small = VocabSpec.from_tokenizer_dir(apertus_tokenizer_dir)
     write_indexed_dataset(tmp_path / "small", [[small.id("assistant_start"), 100, 101, small.id("assistant_end")]])
-    assert main(["inspect", str(tmp_path / "small"), "--tokenizer", str(small_tokenizer_dir)]) == 0
+    assert main(["inspect", str(tmp_path / "small"), "--tokenizer", str(apertus_tokenizer_dir)]) == 0
     assert "<|assistant_end|>" in capsys.readouterr().out
     assert main(["inspect", str(tmp_path / "sft"), "--index", "7", "--json"]) == 1
     assert "sft.idx: document index 7 out of range" in capsys.readouterr().err

@@ -260,7 +260,8 @@ def test_presets_against_reference(seed: int) -> None:
         ids = rng.choice(alphabet(spec) + list(range(spec.omni_offset, spec.omni_offset + 20)), 300).tolist()
         ctl = {spec.id(n) for n in spec.task_markers}
         for preset, weights, excluded in (("all", {}, set()),
-                                          ("text-only", {m.name: 0.0 for m in spec.modalities}, ctl)):
+                                          ("text-only", {"omni": 0.0, **{m.name: 0.0 for m in spec.modalities}},
+                                           ctl)):
             out = pretraining_targets(np.array(ids), spec, preset)
             w, m = ref_targets(ids, spec, weights, excluded, spec.eos_id)
             assert out.weights.dtype == np.float32 and out.modality.dtype == np.uint8
@@ -273,8 +274,65 @@ def test_text_only_excludes_task_markers_and_codes() -> None:
     ids = [100, I("stt_transcribe"), I("audio_start"), FULL.modality("audio").offset, I("tts_continue"), 200,
            I("eos"), I("bos"), FULL.modality("image").offset + 3, I("stt_continue")]
     w = pretraining_targets(ids, FULL, "text-only").weights.tolist()
-    assert w == [0, 1, 0, 0, 1, 1, 0, 0, 0]
+    assert w == [0, 0, 0, 0, 1, 1, 0, 0, 0]
     assert pretraining_targets(ids, FULL, "all").weights.tolist() == [1, 1, 1, 1, 1, 1, 0, 1, 1]
+
+
+def _packed_sample_with_every_marker(spec: VocabSpec) -> np.ndarray:
+    """Documents of every kind the stages pack, back to back with EOS: text, an image in both layouts,
+    an audio clip in each paired mode, interleaved speech-text, the placeholders, a TTS continuation."""
+    from apertus_plugins.core.media.audio import (
+        audio_placeholder_sequence,
+        audio_sequence,
+        interleaved_sequences,
+        transcription_sequence,
+    )
+    from apertus_plugins.core.media.image import byte_text_ids, image_placeholder_sequence, image_sequence
+
+    rng = np.random.default_rng(7)
+    img = spec.modality("image").size
+    aud = spec.modality("audio").size
+    text = list(range(100, 120))
+    clips = [(rng.integers(0, aud, 6), [101 + k, 102 + k]) for k in range(3)]
+    docs = [
+        [spec.bos_id, *text],
+        image_sequence(rng.integers(0, img, (3, 4)), spec, "training", byte_text_ids()).tolist() + text[:5],
+        image_sequence(rng.integers(0, img, (2, 2)), spec, "inference", byte_text_ids()).tolist() + text[5:9],
+        *(transcription_sequence(rng.integers(0, aud, 5), text[:4], spec, task).tolist()
+          for task in ("transcribe", "translate", "annotate")),
+        *(seq.tolist() for seq in interleaved_sequences(clips, spec)),
+        [*text[:3], spec.id("tts_continue"), *audio_sequence(rng.integers(0, aud, 4), spec).tolist()],
+        [spec.id("user_start"), spec.id("image"), *image_placeholder_sequence(2, 3, spec, text_ids=byte_text_ids()).tolist(),
+         *audio_placeholder_sequence(4, spec).tolist(), spec.id("user_end")],
+    ]
+    return np.array([i for d in docs for i in (*d, spec.eos_id)], dtype=np.int64)
+
+
+@pytest.mark.parametrize("spec", [SPEC, FULL], ids=["scaled", "released"])
+def test_text_only_predicts_text_only_on_packed_samples(spec: VocabSpec) -> None:
+    """Report section 3.2 and Table 2: from stage 2 on only text is predicted, so every label at or above the
+    text range (the omni block: image begin/end/token-start/row/frame, audio begin/end, the placeholders, the
+    STT/TTS task markers; and every code) weighs 0, and every text label that does not follow an EOS weighs 1."""
+    ids = _packed_sample_with_every_marker(spec)
+    names = {spec.id_to_name[i] for i in ids.tolist() if spec.omni_offset <= i < spec.omni_offset + spec.omni_size}
+    assert names >= {"img_start", "img_end", "img_token_start", "img_end_of_row", "img_end_of_frame", "image",
+                     "audio_start", "audio_end", "stt_transcribe", "stt_translate", "audio_annotate",
+                     "stt_continue", "tts_continue", "audio"}, names
+    labels, inputs = ids[1:], ids[:-1]
+    w = pretraining_targets(ids, spec, "text-only").weights
+    assert not w[labels >= spec.text_size].any()
+    text = (labels < spec.text_size) & (inputs != spec.eos_id)
+    assert (w[text] == 1).all()
+    # stage 1 ("all") keeps every marker and code a target: the difference is exactly the non-text labels
+    w_all = pretraining_targets(ids, spec, "all").weights
+    assert (w_all[labels >= spec.text_size][inputs[labels >= spec.text_size] != spec.eos_id] == 1).all()
+    # a modality weight given on top of the preset (omni back to 1) still never trains the task-control markers
+    cfg = TargetConfig.preset("text-only", spec)
+    over = TargetConfig(modality_weights={**cfg.modality_weights, "omni": 1.0}, excluded_names=cfg.excluded_names)
+    w_over = pretraining_targets(ids, spec, over).weights
+    task = np.isin(labels, [spec.id(n) for n in spec.task_markers])
+    assert task.any() and not w_over[task].any()
+    assert w_over[(labels == spec.id("img_start")) & (inputs != spec.eos_id)].all()
 
 
 def test_scheduled_weights_and_explicit_exclusions() -> None:
@@ -309,3 +367,73 @@ def test_end_of_document_rule_and_goldfish_option() -> None:
     drop = goldfish_drop(text[1:], k=4, h=3, variant="order-sensitive", spec=SPEC)
     assert drop.any()
     assert (out.weights == 0).tolist() == drop.tolist()
+
+
+def test_sft_targets_is_the_sft_mask_less_goldfish_only_when_it_covers_sft() -> None:
+    from apertus_plugins.core.goldfish import GoldfishConfig, goldfish_drop
+    from apertus_plugins.core.targets import sft_targets
+
+    rng = np.random.default_rng(11)
+    body = rng.integers(100, 400, size=300)
+    ids = np.concatenate([[SPEC.bos_id, SPEC.id("user_start"), 120, SPEC.id("user_end"), SPEC.id("assistant_start")],
+                          body, [SPEC.id("assistant_end"), SPEC.eos_id]])
+    derived = sft_mask(ids, SPEC)
+    assert np.array_equal(sft_targets(ids, SPEC), derived)
+    pretraining_only = GoldfishConfig(k=3, h=2)
+    assert np.array_equal(sft_targets(ids, SPEC, goldfish=pretraining_only), derived)
+    on_sft = GoldfishConfig(k=3, h=2, on_sft=True)
+    dropped = goldfish_drop(ids[1:], k=3, h=2, spec=SPEC)
+    want = derived & ~dropped
+    assert dropped[derived].any() and np.array_equal(sft_targets(ids, SPEC, goldfish=on_sft), want)
+    stored = np.zeros(ids.size, dtype=np.uint8)
+    stored[10:20] = 1
+    assert np.array_equal(sft_targets(ids, SPEC, stored=stored), stored[1:].astype(bool))
+
+
+def test_stage_targets_follow_the_report_and_log_a_contradiction_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Report Table 2: stage 1 all modalities, stages 2 and 3 (and the long-context steps) text only. A preset
+    that contradicts the stage runs as asked, and the divergence is logged once, naming the report's value."""
+    from apertus_plugins.core.targets import STAGE_TARGETS, stage_targets
+
+    assert STAGE_TARGETS == {"1": "all", "2": "text-only", "3": "text-only", "long-context": "text-only"}
+    assert [stage_targets(s, None) for s in ("1", "2", "3", "long-context")] == ["all", "text-only", "text-only",
+                                                                                  "text-only"]
+    assert stage_targets(None, None) == "all" and stage_targets(None, "text-only") == "text-only"
+    with caplog.at_level("WARNING", logger="apertus_plugins.report"):
+        assert stage_targets("2", "text-only") == "text-only"
+        assert caplog.records == []
+        for _ in range(3):
+            assert stage_targets("1", "text-only") == "text-only"  # kept: the user asked for it
+            assert stage_targets("long-context", "all") == "all"
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2, messages
+    assert "stage 1" in messages[0] and "'all' targets" in messages[0] and "Table 2" in messages[0]
+    assert "stage long-context" in messages[1] and "'text-only' targets" in messages[1]
+    with pytest.raises(ValueError, match="unknown stage"):
+        stage_targets("4", None)
+    with pytest.raises(ValueError, match="preset"):
+        stage_targets("1", "images")
+
+
+def test_sft_specials_option() -> None:
+    """Appendix G, "special tokens masked": by default (``emitted``) the tokens the assistant writes itself, the
+    released stops <|assistant_end|> and <|tools_suffix|> and the call opener <|tools_prefix|>, are targets; the
+    named alternative ``none`` masks every special token of the turn. The thinking delimiters are no special
+    tokens: trained either way."""
+    for spec in (SPEC, FULL):
+        I = spec.id  # noqa: E741
+        ids = [I("bos"), I("user_start"), 100, I("user_end"), I("assistant_start"), I("inner_prefix"), 101,
+               I("inner_suffix"), I("tools_prefix"), 102, I("tools_suffix"), I("tool_output_start"), 103,
+               I("tool_output_end"), 104, I("assistant_end"), I("eos")]
+        labels = ids[1:]
+        emitted = sft_mask(ids, spec).tolist()
+        none = sft_mask(ids, spec, specials="none").tolist()
+        trained = {spec.id_to_name.get(t, t) for t, k in zip(labels, emitted, strict=True) if k}
+        assert trained == {"inner_prefix", 101, "inner_suffix", "tools_prefix", 102, "tools_suffix", 104,
+                           "assistant_end"}
+        trained_none = {spec.id_to_name.get(t, t) for t, k in zip(labels, none, strict=True) if k}
+        assert trained_none == {"inner_prefix", 101, "inner_suffix", 102, 104}
+        # the turn state is the same: only the special labels differ
+        assert [a and t not in spec.special_ids for a, t in zip(emitted, labels, strict=True)] == none
+    with pytest.raises(ValueError, match="specials"):
+        sft_mask([1, 2], SPEC, specials="some")

@@ -68,8 +68,8 @@ def test_validation_errors_name_the_problem():
 
 
 @pytest.mark.parametrize("which", ["small", "full"])
-def test_spec_round_trips_through_a_tokenizer_dir(which, small_tokenizer_dir, full_tokenizer_dir):
-    path = small_tokenizer_dir if which == "small" else full_tokenizer_dir
+def test_spec_round_trips_through_a_tokenizer_dir(which, apertus_tokenizer_dir, apertus_full_tokenizer_dir):
+    path = apertus_tokenizer_dir if which == "small" else apertus_full_tokenizer_dir
     want = VocabSpec.scaled() if which == "small" else VocabSpec()
     got = VocabSpec.from_tokenizer_dir(path)
     assert got.size == want.size == got.total_size
@@ -81,9 +81,9 @@ def test_spec_round_trips_through_a_tokenizer_dir(which, small_tokenizer_dir, fu
     assert 32 not in got.special_ids
 
 
-def test_layout_inferred_without_omnimodal_config(tmp_path, small_tokenizer_dir):
+def test_layout_inferred_without_omnimodal_config(tmp_path, apertus_tokenizer_dir):
     d = tmp_path / "tok"
-    shutil.copytree(small_tokenizer_dir, d)
+    shutil.copytree(apertus_tokenizer_dir, d)
     cfg = json.loads((d / "tokenizer_config.json").read_text())
     del cfg["omnimodal_config"]
     (d / "tokenizer_config.json").write_text(json.dumps(cfg))
@@ -98,23 +98,23 @@ def _edit_config(src: Path, dst: Path, **changes) -> Path:
     return dst
 
 
-def test_sft_boundary_disagreement_is_an_error(tmp_path, small_tokenizer_dir):
-    d = _edit_config(small_tokenizer_dir, tmp_path / "tok", sft_eot_token="</s>")
+def test_sft_boundary_disagreement_is_an_error(tmp_path, apertus_tokenizer_dir):
+    d = _edit_config(apertus_tokenizer_dir, tmp_path / "tok", sft_eot_token="</s>")
     with pytest.raises(VocabError, match="sft_eot_token is '</s>'.*<\\|assistant_end\\|>"):
         VocabSpec.from_tokenizer_dir(d)
 
 
-def test_omnimodal_config_that_contradicts_the_markers_is_an_error(tmp_path, small_tokenizer_dir):
+def test_omnimodal_config_that_contradicts_the_markers_is_an_error(tmp_path, apertus_tokenizer_dir):
     cfg = VocabSpec.scaled().omnimodal_config()
     cfg["special_token_offset"] = 500
-    d = _edit_config(small_tokenizer_dir, tmp_path / "tok", omnimodal_config=cfg)
+    d = _edit_config(apertus_tokenizer_dir, tmp_path / "tok", omnimodal_config=cfg)
     with pytest.raises(VocabError, match="marker '<\\|img_start\\|>' is id 513, but omni slot 1 is id 501"):
         VocabSpec.from_tokenizer_dir(d)
 
 
-def test_layout_that_does_not_fit_the_embedding(small_tokenizer_dir):
+def test_layout_that_does_not_fit_the_embedding(apertus_tokenizer_dir):
     with pytest.raises(VocabError, match="embedding has 1000"):
-        VocabSpec.from_tokenizer_dir(small_tokenizer_dir, embedding_rows=1000)
+        VocabSpec.from_tokenizer_dir(apertus_tokenizer_dir, embedding_rows=1000)
 
 
 def test_missing_tokenizer_json_is_named(tmp_path):
@@ -122,21 +122,21 @@ def test_missing_tokenizer_json_is_named(tmp_path):
         VocabSpec.from_tokenizer_dir(tmp_path)
 
 
-def test_hf_tokenizer_from_the_builder(small_tokenizer_dir, small_spec):
+def test_hf_tokenizer_from_the_builder(apertus_tokenizer_dir, apertus_small_spec):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(small_tokenizer_dir)
-    assert len(tok) == small_spec.size
+    tok = AutoTokenizer.from_pretrained(apertus_tokenizer_dir)
+    assert len(tok) == apertus_small_spec.size
     assert tok.eos_token == "</s>" and tok.eos_token_id == 2 and tok.bos_token_id == 1
     assert tok.convert_tokens_to_ids("<think>") is not None
     assert tok.encode("<think>", add_special_tokens=False) == [32]
     assert tok.encode("<|inner_prefix|>", add_special_tokens=False) == [32]
     assert tok.encode("</think>", add_special_tokens=False) == [33]
-    assert tok.encode("<image>", add_special_tokens=False) == [small_spec.id("image")]
-    assert tok.encode("<audio>", add_special_tokens=False) == [small_spec.id("audio")]
+    assert tok.encode("<image>", add_special_tokens=False) == [apertus_small_spec.id("image")]
+    assert tok.encode("<audio>", add_special_tokens=False) == [apertus_small_spec.id("audio")]
     assert tok.encode("<thought>x</thought>", add_special_tokens=False)[::2] == [32, 33]
-    assert tok.convert_tokens_to_ids("<|visual token 0|>") == small_spec.modality("image").offset
-    assert tok.convert_tokens_to_ids("<|audio token 0|>") == small_spec.modality("audio").offset
+    assert tok.convert_tokens_to_ids("<|visual token 0|>") == apertus_small_spec.modality("image").offset
+    assert tok.convert_tokens_to_ids("<|audio token 0|>") == apertus_small_spec.modality("audio").offset
     assert tok.convert_tokens_to_ids("<|tool_output_start|>") == 73
     ids = tok.encode("<think>plan</think>answer")
     assert ids[0] == 1
@@ -147,11 +147,11 @@ def test_hf_tokenizer_from_the_builder(small_tokenizer_dir, small_spec):
     assert tok.boa_token == "<|audio_start|>" and tok.eoa_token == "<|audio_end|>"
 
 
-def test_cli_vocab(small_tokenizer_dir, capsys):
-    assert cli_main(["vocab", str(small_tokenizer_dir), "--json"]) == 0
+def test_cli_vocab(apertus_tokenizer_dir, capsys):
+    assert cli_main(["vocab", str(apertus_tokenizer_dir), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["total"] == 1032 and out["modalities"]["image"] == [712, 967]
-    assert cli_main(["vocab", str(small_tokenizer_dir)]) == 0
+    assert cli_main(["vocab", str(apertus_tokenizer_dir)]) == 0
     assert "omni block     512..711" in capsys.readouterr().out
-    assert cli_main(["vocab", str(small_tokenizer_dir), "--embedding-rows", "10"]) == 1
+    assert cli_main(["vocab", str(apertus_tokenizer_dir), "--embedding-rows", "10"]) == 1
     assert "but the embedding has 10" in capsys.readouterr().err

@@ -103,6 +103,13 @@ def _slug(heading: str) -> str:
     return re.sub(r"[-\s]+", "-", text).strip("-")
 
 
+def test_the_readme_stays_short() -> None:
+    """The README says what the package is, how to install it, one example per framework and links; the
+    reference material (benchmark tables, deployment options) lives in the docs."""
+    size = len((ROOT / "README.md").read_bytes())
+    assert size < 6 * 1024, f"README.md is {size} bytes; move detail into docs/"
+
+
 def test_the_readme_links_resolve_to_files_and_headings() -> None:
     readme = (ROOT / "README.md").read_text()
     links = re.findall(r"\]\(([^)\s]+)\)", readme)

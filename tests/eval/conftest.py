@@ -39,11 +39,9 @@ def vllm_python() -> str:
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny random Apertus 1.5 checkpoint in the released layout."""
-    from apertus_plugins.testing.checkpoint import write_checkpoint
-
-    return write_checkpoint(tmp_path_factory.mktemp("ckpt") / "apertus-tiny", size="tiny", seed=SEED, init="varied")
+def tiny_model_dir(apertus_checkpoint_factory) -> Path:
+    """The tiny random Apertus 1.5 checkpoint in the released layout (the ``apertus`` pytest plugin's)."""
+    return apertus_checkpoint_factory(size="tiny", seed=SEED, init="varied")
 
 
 def output_rows(model_dir: Path) -> int:

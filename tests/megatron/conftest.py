@@ -21,7 +21,6 @@ import torch
 from apertus_plugins.core.chat import ChatTokenizer
 from apertus_plugins.core.vocab import VocabSpec
 from apertus_plugins.data.indexed import IndexedDatasetWriter, optimal_dtype
-from apertus_plugins.testing.tokenizer_builder import build_test_tokenizer
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
 warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
@@ -41,13 +40,14 @@ def process_group() -> None:
 
 
 @pytest.fixture(scope="session")
-def spec() -> VocabSpec:
-    return VocabSpec.scaled()
+def spec(apertus_small_spec: VocabSpec) -> VocabSpec:
+    return apertus_small_spec
 
 
 @pytest.fixture(scope="session")
-def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory, spec: VocabSpec) -> Path:
-    return build_test_tokenizer(tmp_path_factory.mktemp("tok"), spec, with_templates=False)
+def tokenizer_dir(apertus_tokenizer_dir: Path) -> Path:
+    """The ``apertus`` pytest plugin's test tokenizer over :func:`spec`."""
+    return apertus_tokenizer_dir
 
 
 CONVERSATIONS: list[list[dict[str, Any]]] = [

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from conftest import null_tokenizer
 
+from apertus_plugins.core.goldfish import GoldfishConfig
 from megatron_patches.arguments import add_apertus_args, options_from_args
 from megatron_patches.training import data_prefixes, preflight
 
@@ -51,7 +52,7 @@ def test_flags_and_data_pass_preflight(smoke: ModuleType, run_data: dict[str, An
     args, rest = parsed(smoke, run_data, tmp_path)
     assert "--bf16" in rest and "--transformer-impl" in rest  # Megatron's own flags, left to Megatron
     opts = options_from_args(args)
-    assert opts.optimizer == "ademamix" and opts.goldfish == {"k": 50, "h": 50, "variant": "hashtable"}
+    assert opts.optimizer == "ademamix" and opts.goldfish == GoldfishConfig(k=50, h=50, variant="hashtable")
     weights, prefixes = args.data_path[0::2], args.data_path[1::2]
     preflight(opts, data_prefixes((prefixes, None), None), embedding_rows=opts.embedding_rows)
     assert opts.embedding_rows % 128 == 0 and opts.embedding_rows > run_data["vocab"]

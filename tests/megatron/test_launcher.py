@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from apertus_plugins.core.goldfish import GoldfishConfig
 from apertus_plugins.core.targets import Schedule, TargetConfig
 from megatron_patches.arguments import (
     GROUP_TITLE,
@@ -60,7 +61,7 @@ def test_argument_group_in_megatrons_parser(tokenizer_dir: Path) -> None:
     want = TargetConfig.preset("text-only", opts.spec)
     assert opts.targets.excluded_names == want.excluded_names and opts.targets.modality_weights["image"] == 0.0
     assert isinstance(opts.targets.modality_weights["audio"], Schedule)
-    assert opts.goldfish == {"k": 50, "h": 50, "variant": "hashtable"}
+    assert opts.goldfish == GoldfishConfig(k=50, h=50, variant="hashtable")
     assert opts.spec.size == 1032  # the layout of the tokenizer directory
     # chained twice (a script that adds the group itself): still one group
     parser2 = megatron_like_parser(chain_extra_args(add_apertus_args, add_apertus_args))
@@ -145,7 +146,7 @@ def test_launcher_runs_the_script_as_main(tmp_path: Path, tokenizer_dir: Path) -
     # megatron-core 0.16's wheel has no megatron.training (form None); 0.19's packages it (form "0.19")
     version = megatron_core_version()
     form = "None" if require_supported() == (0, 16) else "0.19"
-    assert f"main 42 True {version} {form} 0.5 {{'image': 0.0, 'audio': 0.0}} 7" in out.stdout
+    assert f"main 42 True {version} {form} 0.5 {{'omni': 0.0, 'image': 0.0, 'audio': 0.0}} 7" in out.stdout
 
 
 def test_launcher_errors(tmp_path: Path) -> None:

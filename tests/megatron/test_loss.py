@@ -76,8 +76,9 @@ def test_loss_equals_core_targets(batch: np.ndarray, tokenizer_dir: Path, spec: 
         assert torch.allclose(got, torch.stack([(losses * sel).sum(), sel.sum()]))
     assert sum(int(report[f"{m} loss"][1]) for m in spec.modality_names) == int(n)
     if preset == "text-only":
-        assert float(report["image loss"][1]) == 0  # weight 0: not a target, so not in the image loss either
-        assert int(n) == int((torch.from_numpy(keep) & torch.from_numpy(modality <= 1)).sum())
+        # weight 0: not a target, so not in the image loss either; the omni markers are no target from stage 2 on
+        assert float(report["image loss"][1]) == 0 and float(report["omni loss"][1]) == 0
+        assert int(n) == int((torch.from_numpy(keep) & torch.from_numpy(modality == 0)).sum())
     if preset == "all" and not extra:  # every modality weighs 1: the keep mask is the whole target
         assert torch.equal(want_w > 0, torch.from_numpy(keep))
 

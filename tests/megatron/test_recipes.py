@@ -134,6 +134,7 @@ def expected_flags() -> dict[str, dict[str, list[str]]]:
                 **_parallel(size, virtual=False), "--context-parallel-size": [str(lc["cp"][k])],
                 "--seq-length": [str(length)], **_rope(base, factor, length),
                 "--train-samples": None,  # the token budget: checked against lc["tokens"] below
+                "--apertus-stage": ["long-context"],  # section 3.3: the long-context steps continue stage 3
                 "--apertus-targets": ["text-only"], **_goldfish(), "--apertus-packed-sequences": [],
                 "--apertus-allow-rope-change": []}
         s = REPORT["sft"]
@@ -193,7 +194,7 @@ def test_recipe_needs_and_overrides_are_reported() -> None:
     argv, report = expand_recipes(["--apertus-recipe", "cpt-8b", "--num-layers", "2"])
     f = as_dict(argv)
     assert f["--lr-warmup-samples"] == ["512000"] and argv[-2:] == ["--num-layers", "2"]
-    assert "--apertus-recipe" not in argv and "pass as well: --train-samples --lr-wsd-decay-samples" in report[0]
+    assert "--apertus-recipe" not in argv and "pass as well: --train-samples --lr-wsd-decay-samples --apertus-stage" in report[0]
     argv, report = expand_recipes(["--apertus-recipe", "long-context-70b-256k", "--apertus-bfd-data", "p",
                                    "--context-parallel-size", "64"])
     f = as_dict(argv)

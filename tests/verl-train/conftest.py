@@ -30,11 +30,10 @@ JUDGE_MODEL = "judge"
 
 
 @pytest.fixture(scope="session")
-def tiny_checkpoint(tmp_path_factory) -> Path:
-    """``apertus make-checkpoint --init varied``: the released layout, every tensor shaping the output."""
-    from apertus_plugins.testing.checkpoint import write_checkpoint
-
-    return write_checkpoint(tmp_path_factory.mktemp("ckpt") / "apertus-tiny", size="tiny", init="varied")
+def tiny_checkpoint(apertus_tiny_checkpoint: Path) -> Path:
+    """``apertus make-checkpoint --init varied`` (the ``apertus`` pytest plugin's): the released layout, every
+    tensor shaping the output."""
+    return apertus_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -35,11 +35,9 @@ class JudgeServer:
 
 
 @pytest.fixture(scope="session")
-def apertus_checkpoint(tmp_path_factory) -> Path:
-    """The project's tiny random checkpoint (released layout, every tensor shaping the output)."""
-    from apertus_plugins.testing.checkpoint import write_checkpoint
-
-    return write_checkpoint(tmp_path_factory.mktemp("ckpt") / "apertus-tiny", size="tiny", init="varied")
+def apertus_checkpoint(apertus_tiny_checkpoint: Path) -> Path:
+    """The ``apertus`` pytest plugin's tiny random checkpoint (released layout, every tensor shaping the output)."""
+    return apertus_tiny_checkpoint
 
 
 @pytest.fixture(scope="session")

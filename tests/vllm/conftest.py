@@ -18,11 +18,9 @@ MEDIA_LIMIT = {"image": 2, "audio": 2}
 
 
 @pytest.fixture(scope="session")
-def checkpoint(tmp_path_factory) -> Path:
-    """The project's tiny random checkpoint in the released layout, with every tensor shaping the output."""
-    from apertus_plugins.testing.checkpoint import write_checkpoint
-
-    return write_checkpoint(tmp_path_factory.mktemp("ckpt") / "apertus-tiny", size="tiny", init="varied")
+def checkpoint(apertus_tiny_checkpoint: Path) -> Path:
+    """The ``apertus`` pytest plugin's tiny random checkpoint (released layout, every tensor shaping the output)."""
+    return apertus_tiny_checkpoint
 
 
 @pytest.fixture(scope="session")
@@ -70,14 +68,13 @@ def data_url(path: Path, mime: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def image_part() -> dict:
-    return {"type": "image_url", "image_url": {"url": data_url(DATA / "demo.png", "image/png")}}
+def image_part(apertus_image_part: dict) -> dict:
+    return apertus_image_part
 
 
 @pytest.fixture(scope="session")
-def audio_part() -> dict:
-    data = base64.b64encode((DATA / "demo.wav").read_bytes()).decode()
-    return {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
+def audio_part(apertus_audio_part: dict) -> dict:
+    return apertus_audio_part
 
 
 def pytest_report_header(config):

@@ -25,6 +25,7 @@ __all__ = [
     "RESAMPLED_LENGTHS",
     "load_audio", "peak_normalize", "mono_24k", "normalize_audio", "preprocess_audio", "resampled_length", "audio_code_count",
     "audio_sequence", "audio_placeholder_sequence", "transcription_sequence", "interleaved_sequences",
+    "PADDED_DROP_CODES", "padded_code_counts",
 ]
 
 SAMPLE_RATE = 24_000
@@ -235,6 +236,26 @@ def resampled_length(num_samples: int, sample_rate: int, policy: str | AudioPoli
 def audio_code_count(num_samples: int) -> int:
     """Codes for a 24 kHz clip of ``num_samples`` samples: ceil(samples / 600)."""
     return -(-int(num_samples) // HOP)
+
+
+#: Codes dropped from the end of a clip that was padded in a batch (report 2.3.2: "the last few codes
+#: before the padding are unstable"; the released pipeline's ``trim_last_tokens``).
+PADDED_DROP_CODES = 5
+
+
+def padded_code_counts(lengths: Sequence[int]) -> list[int]:
+    """Codes kept per clip when clips of ``lengths`` 24 kHz samples are encoded as one zero-padded batch.
+
+    Every clip is padded to the longest of the batch; a padded clip (shorter than the longest) keeps
+    ``ceil(n / 600) - 5`` codes (at least 0), the last five before the padding being unstable; a clip
+    as long as the longest has no padding after it and keeps all ``ceil(n / 600)``. This is the
+    released pipeline's rule (it drops codes "only from samples that were actually batch-padded").
+    """
+    lengths = [int(n) for n in lengths]
+    if not lengths:
+        return []
+    longest = max(lengths)
+    return [max(0, audio_code_count(n) - (PADDED_DROP_CODES if n < longest else 0)) for n in lengths]
 
 
 def audio_sequence(codes: Any, spec: VocabSpec) -> np.ndarray:

@@ -1,6 +1,6 @@
 """Offline tokenization: images, audio and conversations into Megatron indexed datasets.
 
-``apertus tokenize pretrain|sft ...`` on the command line; from Python::
+``apertus tokenize pretrain|sft|interleaved ...`` on the command line; from Python::
 
     from apertus_plugins.data.offline import TokenizeConfig, tokenize
     report = tokenize(TokenizeConfig("pretrain", ["images/"], out="data/images",
@@ -12,8 +12,10 @@ tasks: plan a shard, decode / encode / write a batch, merge a part), :mod:`.exec
 local processes, or Ray tasks and encoder actors), :mod:`.run` (the driver: resume, merge,
 manifest, report), :mod:`.progress` (items/s, encoder utilisation, skips, ETA) and
 :mod:`.storage` (local paths and fsspec URLs), :mod:`.preprocess` (the run's media settings: the
-one seam to the core's media functions), :mod:`.lifeline` (helpers that die with the driver) and
-:mod:`.rayhead` (a loopback-only Ray head of the run's own).
+one seam to the core's media functions), :mod:`.lifeline` (helpers that die with the driver),
+:mod:`.rayhead` (a loopback-only Ray head of the run's own), :mod:`.batching` (how audio clips share an
+encoder batch: exact lengths, or the report's padded duration buckets) and :mod:`.interleaved`
+(recordings into the report's interleaved speech-text documents).
 """
 
 from .config import IMAGE_LAYOUT_DEFAULT, TokenizeConfig

@@ -22,14 +22,16 @@ from typing import Any
 
 from apertus_plugins.core.media.limits import DEFAULT_LIMITS, MediaLimits
 
+from .batching import AUDIO_BATCHINGS, AudioBatching
 from .preprocess import MediaSettings
 from .storage import canonical, normalize
 
 __all__ = ["KINDS", "IMAGE_LAYOUT_DEFAULT", "AUDIO_TASKS", "CAPTIONS", "MERGES", "DEVICES", "MAX_BAD_FRACTION_DEFAULT",
            "Stream", "TokenizeConfig", "default_workers"]
 
-#: What a run produces: ``pretrain`` (one media item per document) or ``sft`` (one conversation).
-KINDS = ("pretrain", "sft")
+#: What a run produces: ``pretrain`` (one media item per document), ``sft`` (one conversation) or
+#: ``interleaved`` (the interleaved speech-text sequences of recordings, report 2.2.4).
+KINDS = ("pretrain", "sft", "interleaved")
 
 #: The image layout datasets are written in unless ``--image-layout`` says otherwise: the layout
 #: of the public Megatron tokenization pipeline, i.e. of the data Apertus 1.5 was trained on
@@ -96,6 +98,12 @@ class TokenizeConfig:
         mask_stream: sft: also write the token-aligned loss mask as ``OUT.mask`` (uint8).
         media_root: sft: relative media paths are resolved against it (default: the JSONL's folder).
         batch_size / batch_codes: the most items and media codes per batch.
+        audio_batching: ``exact`` (default: clips batched by identical length, no padding, every code
+            kept) or ``report`` (duration buckets, padding, the last five codes of a padded clip
+            dropped); see :mod:`.batching`. audio_batch_seconds / audio_buckets: the ``report``
+            batching's cap on a batch's total audio duration and its number of duration buckets.
+        split_tokens: interleaved: sequences longer than this many tokens go to ``OUT.long`` instead
+            of ``OUT`` (the report's 8,192-token cut between stage 2 and long context); 0: no cut.
         window: consecutive source items grouped by shape together (pretrain).
         precision: the encoders' precision contract (``float32`` or ``tf32``).
         plan_files / plan_bytes: the planning shards: files of a folder, bytes of a JSONL file.
@@ -131,6 +139,10 @@ class TokenizeConfig:
     media_root: str | None = None
     batch_size: int = 32
     batch_codes: int = 65536
+    audio_batching: str = "exact"
+    audio_batch_seconds: float = 1500.0
+    audio_buckets: int = 20
+    split_tokens: int = 0
     window: int = 4096
     precision: str = "float32"
     plan_files: int = PLAN_FILES_DEFAULT
@@ -184,6 +196,13 @@ class TokenizeConfig:
             raise ValueError(f"unknown audio task {self.audio_task!r}; tasks are {', '.join(AUDIO_TASKS)}")
         if self.captions not in CAPTIONS:
             raise ValueError(f"unknown caption placement {self.captions!r}; choose {', '.join(CAPTIONS)}")
+        if self.audio_batching not in AUDIO_BATCHINGS:
+            raise ValueError(f"unknown audio batching {self.audio_batching!r}; choose {', '.join(AUDIO_BATCHINGS)}")
+        self.audio_batching_settings()  # the values are checked here
+        if int(self.split_tokens) < 0:
+            raise ValueError(f"split_tokens must be 0 (no cut) or more, got {self.split_tokens}")
+        if self.split_tokens and self.kind != "interleaved":
+            raise ValueError("--split-tokens applies to interleaved runs only")
         for name in ("batch_size", "batch_codes", "window", "plan_files", "plan_bytes"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -202,7 +221,7 @@ class TokenizeConfig:
             raise ValueError(f"unknown device {self.device!r}; devices are auto, cpu, cuda and cuda:N")
         if self.precision == "tf32" and self.device == "cpu":
             raise ValueError("--precision tf32 needs a CUDA device; use float32 on CPU")
-        if self.kind == "pretrain" and (self.without_reasoning or self.mask_stream):
+        if self.kind != "sft" and (self.without_reasoning or self.mask_stream):
             raise ValueError("--without-reasoning and --mask-stream apply to sft runs only")
         if not Path(self.tokenizer, "tokenizer.json").is_file():
             raise ValueError(f"{self.tokenizer}: not a tokenizer directory (no tokenizer.json)")
@@ -218,6 +237,8 @@ class TokenizeConfig:
     def streams(self) -> list[Stream]:
         """The datasets this run writes, the main one first."""
         out = [Stream("", "int32", "tokens")]
+        if self.kind == "interleaved" and self.split_tokens:
+            out.append(Stream(".long", "int32", f"sequences longer than {self.split_tokens} tokens"))
         if self.kind == "sft":
             if self.mask_stream:
                 out.append(Stream(".mask", "uint8", "loss mask of the tokens"))
@@ -251,6 +272,12 @@ class TokenizeConfig:
         """``merge="parts"``: the file for Megatron-LM's ``--data-args-path`` beside a manifest
         (``OUT.data-args.txt`` beside ``OUT.manifest.json``)."""
         return manifest.removesuffix(".manifest.json") + ".data-args.txt"
+
+    def audio_batching_settings(self) -> AudioBatching | None:
+        """The ``report`` audio batching's settings, ``None`` for the default ``exact`` batching."""
+        if self.audio_batching == "exact":
+            return None
+        return AudioBatching(float(self.audio_batch_seconds), int(self.audio_buckets))
 
     def media_settings(self) -> MediaSettings:
         """How this run's media are read: the one place its settings become the core's (see :mod:`.preprocess`)."""

@@ -6,12 +6,14 @@ groups the decoded arrays by their actual shape (:func:`apertus_plugins.encoders
 so an item whose decoded shape differs from its header's (a PNG whose EXIF block follows the
 pixels) is encoded alone and correctly rather than padded.
 
-Audio: SPEC.md 2.2 describes the public pipeline, which pads clips of different lengths to the
-longest and drops the last five codes of every padded clip (they are unstable). This pipeline
-never pads: clips share a batch only when their 24 kHz sample counts are identical, so every clip
-is encoded exactly as on its own, keeps all ceil(samples / 600) codes, and no code is dropped.
-The cost is smaller audio batches; the gain is codes that equal single-clip encoding (what
-serving produces) and a code count that depends on the clip alone.
+Audio: the report's pipeline (section 2.3.2, SPEC.md 2.2) pads clips of different lengths to the
+longest of their batch and drops the last five codes of every padded clip (they are unstable).
+By default this pipeline never pads: clips share a batch only when their 24 kHz sample counts are
+identical, so every clip is encoded exactly as on its own, keeps all ceil(samples / 600) codes,
+and no code is dropped. The cost is smaller audio batches; the gain is codes that equal
+single-clip encoding (what serving produces) and that do not depend on which clips share a batch.
+``--audio-batching report`` (:mod:`.batching`) encodes as the report did: :meth:`MediaEncoders.encode`
+with ``padded=True`` (:func:`apertus_plugins.encoders.encode_audio_padded`).
 """
 
 from __future__ import annotations
@@ -81,15 +83,23 @@ class MediaEncoders:
         self.loads += 1
         return model
 
-    def encode(self, modality: str, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    def encode(self, modality: str, arrays: list[np.ndarray], padded: bool = False) -> list[np.ndarray]:
         """Codes of preprocessed items (image pixels ``[3, H, W]``, audio ``[samples]``, a plugin
-        modality's arrays), in input order."""
+        modality's arrays), in input order.
+
+        ``padded`` (audio only): ``arrays`` are ONE batch padded to the longest, the last five codes
+        of a padded clip dropped (the report's batching; the media-code cache is not used).
+        """
         if not arrays:
             return []
         from apertus_plugins import encoders
 
         model = self._model(modality)
-        if modality == "image":
+        if padded:
+            if modality != "audio":
+                raise ValueError(f"padded batches are for audio only, not {modality}")
+            codes = encoders.encode_audio_padded(model, arrays)
+        elif modality == "image":
             codes = encoders.encode_images(model, arrays, batch_size=self.batch_size, cache=self.cache)
         elif modality == "audio":
             codes = encoders.encode_audio(model, arrays, batch_size=self.batch_size, cache=self.cache)

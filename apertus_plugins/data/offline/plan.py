@@ -39,6 +39,7 @@ from typing import Any
 
 from apertus_plugins.data.offline import storage
 
+from .batching import AudioBatching, duration_batches
 from .sources import Item
 
 __all__ = ["PLAN_FORMAT", "PLAN_VERSION", "Batch", "BatchRef", "Layout", "make_batches", "window_batches",
@@ -89,28 +90,44 @@ def cut_batches(entries: Iterable[tuple[int, int]], batch_size: int, batch_codes
     return out
 
 
-def window_batches(items: list[Item], batch_size: int, batch_codes: int) -> list[tuple[list[int], list[Any], int]]:
-    """The batches of one pretraining window: ``(positions in items, [kind, shape], codes)``, in plan order."""
+def window_batches(items: list[Item], batch_size: int, batch_codes: int,
+                   audio: AudioBatching | None = None) -> list[tuple[list[int], list[Any], int]]:
+    """The batches of one pretraining window: ``(positions in items, [kind, shape], codes)``, in plan order.
+
+    ``audio``: the ``report`` audio batching (:mod:`.batching`): the window's clips are cut by
+    :func:`~.batching.duration_batches` into mixed-length batches (shape ``[]``) that the encoder
+    pads, after the shape-uniform batches; ``None`` (the default ``exact`` batching): clips are
+    grouped by exact length like images by exact size.
+    """
     groups: dict[tuple[Any, ...], list[int]] = {}
+    padded: list[int] = []
     for pos, it in enumerate(items):
         ref = it.media[0]
-        groups.setdefault((ref.kind, tuple(ref.shape)), []).append(pos)
+        if audio is not None and ref.kind == "audio":
+            padded.append(pos)
+        else:
+            groups.setdefault((ref.kind, tuple(ref.shape)), []).append(pos)
     out = []
     for (kind, shape), positions in sorted(groups.items()):
         for run in cut_batches(((p, items[p].codes) for p in positions), batch_size, batch_codes):
             out.append((run, [kind, list(shape)], sum(items[p].codes for p in run)))
+    if audio is not None and padded:
+        for run in duration_batches([items[p].media[0].shape[0] for p in padded], audio, batch_size):
+            positions = [padded[k] for k in run]
+            out.append((positions, ["audio", []], sum(items[p].codes for p in positions)))
     return out
 
 
-def make_batches(items: list[Item], kind: str, batch_size: int, batch_codes: int, window: int) -> list[Batch]:
+def make_batches(items: list[Item], kind: str, batch_size: int, batch_codes: int, window: int,
+                 audio: AudioBatching | None = None) -> list[Batch]:
     """The batches of a whole plan held in memory (one shard; the pipeline batches part by part)."""
-    if kind == "sft":
+    if kind in ("sft", "interleaved"):
         return [Batch(k, run, None, sum(items[i].codes for i in run))
                 for k, run in enumerate(cut_batches(((i.index, i.codes) for i in items), batch_size, batch_codes))]
     out: list[Batch] = []
     for w in range(0, len(items), window):
         chunk = items[w : w + window]
-        for positions, shape, codes in window_batches(chunk, batch_size, batch_codes):
+        for positions, shape, codes in window_batches(chunk, batch_size, batch_codes, audio):
             out.append(Batch(len(out), [chunk[p].index for p in positions], shape, codes))
     return out
 

@@ -10,6 +10,7 @@ Layout on disk for ``--out OUT`` (a local path or a URL of any fsspec filesystem
     OUT.noreason.bin/.idx            sft, --without-reasoning: the copy without reasoning spans
     OUT.noreason.mask.bin/.idx       both of the above
     OUT.noreason.manifest.json       the copy's manifest (with its mask stream)
+    OUT.long.bin/.idx, .manifest.json  interleaved, --split-tokens N: the documents longer than N tokens
     OUT.data-args.txt                --merge parts: the parts with token-count weights, for Megatron-LM's
                                      --data-args-path (and OUT.noreason.data-args.txt)
     OUT.report.json                  the summary report (items written, skipped with reasons, tokens, timing);
@@ -546,6 +547,13 @@ def _data_args(cfg: TokenizeConfig, manifest: str, stream: Any, entries: list[di
     storage.write_bytes(cfg.data_args_path(manifest), "".join(lines).encode("utf-8"))
 
 
+_AUDIO_PADDING = {
+    "exact": "none (clips are batched only with clips of identical length; no codes dropped)",
+    "report": "report 2.3.2: clips padded to the longest of their duration-bucketed batch; the last five codes "
+              "of a padded clip dropped",
+}
+
+
 def _metadata(cfg: TokenizeConfig, stream_suffix: str, spec: Any) -> dict[str, Any]:
     from apertus_plugins.plugins import serving_layout
 
@@ -561,15 +569,20 @@ def _metadata(cfg: TokenizeConfig, stream_suffix: str, spec: Any) -> dict[str, A
         "serving_image_layout": serving,
         "resize_policy": cfg.resize_policy,
         "audio_policy": cfg.audio_policy,
-        "audio_padding": "none (clips are batched only with clips of identical length; no codes dropped)",
+        "audio_padding": _AUDIO_PADDING[cfg.audio_batching],
         "tokenizer": fp["settings"]["tokenizer"],
         "tokenizer_sha256": fp["tokenizer_sha256"],
         "checkpoint": fp["settings"]["checkpoint"],
         "precision": cfg.precision,
         "vocab": {"total": spec.size, "modalities": spec.summary()["modalities"]},
     }
+    if cfg.audio_batching == "report":
+        meta.update(audio_batch_seconds=cfg.audio_batch_seconds, audio_buckets=cfg.audio_buckets)
     if cfg.kind == "pretrain":
         meta.update(bos=cfg.bos, eos=cfg.eos, audio_task=cfg.audio_task, captions=cfg.captions)
+    elif cfg.kind == "interleaved":
+        meta.update(bos=cfg.bos, eos=cfg.eos, sequences="interleaved speech-text (report 2.2.4)",
+                    split_tokens=cfg.split_tokens)
     else:
         meta.update(chat_variant="training", reasoning="removed" if ".noreason" in stream_suffix else "kept")
     return meta
@@ -585,11 +598,12 @@ def _report(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], parts: li
         skipped.extend(storage.read_json(layout.scan_summary(s))["skipped"])
     for part in parts:
         skipped.extend(part["skipped"])
-    written = sum(p["documents"] for p in parts)
+    written = sum(p.get("written_items", p["documents"]) for p in parts)
     names = spec.modality_names
     outputs: dict[str, Any] = {}
     for s in cfg.streams():
-        entry: dict[str, Any] = {"documents": written, "dtype": s.dtype, "what": s.what}
+        docs = sum(p.get("stream_documents", {}).get(s.suffix, p["documents"]) for p in parts)
+        entry: dict[str, Any] = {"documents": docs, "dtype": s.dtype, "what": s.what}
         if s.dtype == "int32":
             tok = {n: sum(p["tokens"].get(s.suffix, {}).get(n, 0) for p in parts) for n in names}
             entry["tokens"] = dict(tok, total=sum(tok.values()))

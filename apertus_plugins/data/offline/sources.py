@@ -50,7 +50,7 @@ from .preprocess import MediaSettings
 __all__ = [
     "IMAGE_EXTS", "AUDIO_EXTS", "MediaRef", "Item", "Skip", "Reasons", "BadInput", "RangeReader", "ShardScan", "unexpected",
     "open_media", "read_media", "media_shape", "list_shards", "line_starts", "scan_shard", "scan_pretrain",
-    "scan_sft", "parse_record", "media_parts", "part_source", "media_base",
+    "scan_sft", "parse_record", "media_parts", "part_source", "media_base", "RecordingClip", "parse_recording",
 ]
 
 IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"})
@@ -73,9 +73,11 @@ class Reasons:
     TAR = "unreadable tar shard"
     JSON = "invalid JSON"
     CONVERSATION = "invalid conversation"
+    RECORDING = "invalid recording"  # an interleaved run's line: no clips, a clip without audio
     REMOTE = "remote media not fetched"
     TEXT = "unreadable text"
     NO_TRANSCRIPT = "no transcript"
+    PADDED = "no codes left after padding"  # --audio-batching report: a padded clip of at most five codes
     ENCODER = "encoder failed"  # the encoder raised on the item alone (its batch is encoded without it)
     CRASH = "worker crashed"  # its worker process died on it, twice (a crashing decoder, out of memory)
     ERROR = "unexpected error"  # anything else an item raised (the detail names the stage and the error)
@@ -114,7 +116,7 @@ class Item:
     """One document to write: a media item (pretrain) or a conversation (sft), in source order."""
 
     index: int
-    kind: str  # "image" | "audio" | "conversation"
+    kind: str  # "image" | "audio" | "conversation" | "recording" (interleaved: its clips, in order)
     name: str
     media: list[MediaRef]
     text: str | None = None  # pretrain: caption or transcript
@@ -408,6 +410,9 @@ def list_shards(kind: str, sources: list[str], plan_files: int, plan_bytes: int)
     """
     if kind == "pretrain":
         yield from _pretrain_shards(sources, plan_files)
+    elif kind == "interleaved":  # JSONL of recordings, cut as the conversations of an sft run
+        for spec in _sft_shards(sources, plan_bytes):
+            yield dict(spec, mode="recordings")
     else:
         yield from _sft_shards(sources, plan_bytes)
 
@@ -520,6 +525,9 @@ def scan_shard(spec: dict[str, Any], media: MediaSettings, media_root: str | Non
     elif spec["kind"] == "tar":
         read(spec["path"])
         _scan_tar(spec["path"], spec["name"], media, add, out.skips)
+    elif spec["kind"] == "jsonl" and spec.get("mode") == "recordings":
+        read(spec["path"])
+        _scan_recordings(spec, media_root, media, add, out, read)
     elif spec["kind"] == "jsonl":
         read(spec["path"])
         _scan_jsonl(spec, media_root, media, add, out, read)
@@ -675,6 +683,45 @@ def _scan_jsonl(spec: dict[str, Any], media_root: str | None, media: MediaSettin
             add(Item(0, "conversation", name, refs, record=[path, offset, len(raw)]))
 
 
+def _scan_recordings(spec: dict[str, Any], media_root: str | None, media: MediaSettings,
+                     add: Callable[[Item], None], out: ShardScan, read: Callable[[str], None]) -> None:
+    """Plan the recordings of a JSONL range (``apertus tokenize interleaved``, :mod:`.interleaved`): one
+    item per line, its clips as media with their header shapes; a bad line or clip skips the line."""
+    path, display = spec["path"], spec["name"]
+    base = media_base(path, media_root)
+    seen: set[str] = set()
+    lineno = int(spec.get("first_line", 1)) - 1
+    start, end = spec["range"]
+    with storage.open_read(path) as fh:
+        for offset, raw in _lines(fh, start, end):
+            lineno += 1
+            if not raw.strip():
+                continue
+            name = f"{display}:{lineno}"
+            try:
+                refs = []
+                for k, clip in enumerate(parse_recording(raw, name)):
+                    where = f"{name} clip {k}"
+                    how, value = part_source({"type": "audio", "audio": clip.audio}, base, where)
+                    if how != "path":
+                        raise BadInput(Reasons.RECORDING, f"{where}: name the clip's audio file (inline data is "
+                                       "not read in recordings)")
+                    ref = MediaRef("audio", value, f"{value} ({where})")
+                    if value not in seen:
+                        seen.add(value)
+                        out.referenced.append([value, *storage.stamp(value)])
+                        read(value)
+                    media_shape(ref, media)
+                    refs.append(ref)
+            except BadInput as exc:
+                out.skips.append(Skip(name, exc.reason, exc.detail, "plan"))
+                continue
+            except Exception as exc:  # noqa: BLE001 (one recording's failure costs only that recording)
+                out.skips.append(unexpected(name, "plan", exc))
+                continue
+            add(Item(0, "recording", name, refs, record=[path, offset, len(raw)]))
+
+
 # ---------------------------------------------------------------------- in one process
 def _scan_all(kind: str, sources: list[str], media_root: str | None, media: MediaSettings,
               tick: Callable[[int], None]) -> tuple[list[Item], list[Skip], list[str]]:
@@ -710,6 +757,38 @@ def scan_sft(sources: list[str], media_root: str | None, resize_policy: str, aud
              tick: Callable[[int], None] = lambda n: None) -> tuple[list[Item], list[Skip], list[str]]:
     """Every conversation (with its media's shapes), skip and file read of SFT sources, in source order."""
     return _scan_all("sft", sources, media_root, MediaSettings(resize_policy, audio_policy), tick)
+
+
+# ---------------------------------------------------------------------- interleaved recordings
+@dataclass(frozen=True)
+class RecordingClip:
+    """One clip of a recording as the input names it: its audio (path or URL as written) and transcript."""
+
+    audio: str
+    text: str
+
+
+def parse_recording(line: bytes, name: str) -> list[RecordingClip]:
+    """The clips of one JSONL line; raises :class:`~.sources.BadInput` naming the line and the clip."""
+    try:
+        obj = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadInput(Reasons.JSON, f"{name}: not valid JSON ({exc})") from exc
+    clips = obj.get("clips") if isinstance(obj, dict) else None
+    if not isinstance(clips, list) or not clips:
+        keys = ", ".join(sorted(obj)) if isinstance(obj, dict) else type(obj).__name__
+        raise BadInput(Reasons.RECORDING, f"{name}: expected an object with a non-empty 'clips' list, got {keys}")
+    out: list[RecordingClip] = []
+    for k, clip in enumerate(clips):
+        if not isinstance(clip, dict):
+            raise BadInput(Reasons.RECORDING, f"{name} clip {k}: expected an object with 'audio' and 'text'")
+        audio, text = clip.get("audio"), clip.get("text")
+        if not isinstance(audio, str) or not audio:
+            raise BadInput(Reasons.RECORDING, f"{name} clip {k}: 'audio' must name a file")
+        if not isinstance(text, str) or not text.strip():
+            raise BadInput(Reasons.NO_TRANSCRIPT, f"{name} clip {k} ({audio}): the transcript is empty")
+        out.append(RecordingClip(audio, text))
+    return out
 
 
 # ---------------------------------------------------------------------- SFT records

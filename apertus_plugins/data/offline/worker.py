@@ -55,6 +55,7 @@ import numpy as np
 
 from . import storage
 from .config import TokenizeConfig
+from .interleaved import route_by_length
 from .plan import BatchRef, ItemWriter, Layout, batch_items, cut_batches, read_items, window_batches, write_part
 from .sources import (
     BadInput,
@@ -65,6 +66,7 @@ from .sources import (
     line_starts,
     media_base,
     parse_record,
+    parse_recording,
     part_source,
     plugin_modality,
     read_media,
@@ -220,7 +222,7 @@ class WorkerContext:
             return storage.read_json(where)
         t0 = time.perf_counter()
         cfg = self.cfg
-        if cfg.kind == "sft":
+        if cfg.kind in ("sft", "interleaved"):
             (_s, start, count), = shards
             items = list(read_items(self.layout, shards, start, start + count))
             runs = cut_batches(((k, it.codes) for k, it in enumerate(items)), cfg.batch_size, cfg.batch_codes)
@@ -239,15 +241,16 @@ class WorkerContext:
             return
         lo, hi = window
         size = self.cfg.window
+        audio = self.cfg.audio_batching_settings()
         buf: list[Item] = []
         for it in read_items(self.layout, shards, lo, hi):
             buf.append(it)
             if len(buf) == size:
-                for positions, shape, codes in window_batches(buf, self.cfg.batch_size, self.cfg.batch_codes):
+                for positions, shape, codes in window_batches(buf, self.cfg.batch_size, self.cfg.batch_codes, audio):
                     yield [buf[p] for p in positions], shape, codes
                 buf = []
         if buf:
-            for positions, shape, codes in window_batches(buf, self.cfg.batch_size, self.cfg.batch_codes):
+            for positions, shape, codes in window_batches(buf, self.cfg.batch_size, self.cfg.batch_codes, audio):
                 yield [buf[p] for p in positions], shape, codes
 
     # ------------------------------------------------------------------ media
@@ -294,6 +297,9 @@ class WorkerContext:
 
         ref = item.media[0]
         text = item.text or None
+        if ref.kind == "audio" and codes.size == 0:
+            raise BadInput(Reasons.PADDED, f"{ref.name}: padded in its batch, it loses its last five codes and none "
+                           "are left (--audio-batching report)")
         if ref.kind == "audio":
             task = self.cfg.audio_task
             if task == "auto":
@@ -326,6 +332,26 @@ class WorkerContext:
         raw = storage.read_bytes(path, offset, length)
         messages, tools, thinking = parse_record(raw, item.name)
         return messages, tools, thinking, media_base(path, self.cfg.media_root)
+
+    def recording(self, item: Item) -> list[str]:
+        """The transcripts of a recording's clips (interleaved runs), read again from its JSONL line."""
+        path, offset, length = item.record or ("", 0, 0)
+        clips = parse_recording(storage.read_bytes(path, offset, length), item.name)
+        if len(clips) != len(item.media):
+            raise BadInput(Reasons.RECORDING, f"{item.name}: {len(clips)} clips, the plan has {len(item.media)} "
+                           "(the file changed since it was planned)")
+        return [c.text for c in clips]
+
+    def recording_documents(self, item: Item, codes: list[np.ndarray], transcripts: list[str]) -> list[np.ndarray]:
+        """The interleaved documents of one recording (:mod:`.interleaved`)."""
+        from .interleaved import recording_documents
+
+        for ref, c in zip(item.media, codes, strict=True):
+            if c.size == 0:
+                raise BadInput(Reasons.PADDED, f"{ref.name}: padded in its batch, it loses its last five codes and "
+                               "none are left (--audio-batching report)")
+        texts = [self.chat.text_ids(t) for t in transcripts]
+        return recording_documents(codes, texts, self.spec, bos=self.cfg.bos, eos=self.cfg.eos)
 
     def sft_documents(self, item: Item, media_ids: list[np.ndarray], record: Any) -> dict[str, np.ndarray]:
         """Ids (and masks) of one conversation for every stream."""
@@ -384,6 +410,8 @@ class WorkerContext:
                 if it.kind == "conversation":
                     out.conversations[it.index] = rec = self.conversation(it)
                     inline = (self._normalized(it, rec[0]), rec[3])
+                elif it.kind == "recording":
+                    out.conversations[it.index] = self.recording(it)
                 for k, ref_ in enumerate(it.media):
                     media = ref_.name
                     if ref_.inline is None:
@@ -425,7 +453,10 @@ class WorkerContext:
         codes: dict[str, list[np.ndarray | None]] = {}
         failed: dict[str, dict[int, str]] = {}
         for kind in kinds:
-            codes[kind], bad = self._isolated(kind, arrays[kind][1])
+            if kind == "audio" and self.cfg.audio_batching == "report":
+                codes[kind], bad = self._padded(arrays[kind][1])
+            else:
+                codes[kind], bad = self._isolated(kind, arrays[kind][1])
             if bad:
                 failed[kind] = bad
         encode_s = time.perf_counter() - t0
@@ -438,7 +469,31 @@ class WorkerContext:
             out["media_cache"] = {"hits": cache.hits - before[0], "misses": cache.misses - before[1]}
         return out
 
-    def _isolated(self, kind: str, arrays: list[np.ndarray]) -> tuple[list[np.ndarray | None], dict[int, str]]:
+    def _padded(self, arrays: list[np.ndarray]) -> tuple[list[np.ndarray | None], dict[int, str]]:
+        """Audio codes under the report's batching (:mod:`.batching`): the clips of a pretraining batch are
+        one padded batch (the plan made it); the clips of a batch of recordings are first cut into
+        duration batches. A padded batch the encoder raises on is encoded in halves (their padding,
+        and so the codes near a clip's end, then differ), down to single clips (:meth:`_isolated`).
+        """
+        from .batching import duration_batches
+
+        if self.cfg.kind == "pretrain":
+            groups = [list(range(len(arrays)))]
+        else:
+            settings = self.cfg.audio_batching_settings()
+            groups = duration_batches([a.size for a in arrays], settings, self.cfg.batch_size)
+        out: list[np.ndarray | None] = [None] * len(arrays)
+        failed: dict[int, str] = {}
+        for group in groups:
+            got, bad = self._isolated("audio", [arrays[i] for i in group], padded=True)
+            for j, i in enumerate(group):
+                out[i] = got[j]
+                if j in bad:
+                    failed[i] = bad[j]
+        return out, failed
+
+    def _isolated(self, kind: str, arrays: list[np.ndarray],
+                  padded: bool = False) -> tuple[list[np.ndarray | None], dict[int, str]]:
         """Codes of ``arrays``; when the encoder raises on a group, its halves are encoded apart, down to
         single arrays: an array the encoder fails on alone is left out (``None``, and its error by
         position), every other one is encoded. The encoders never pad, so an array's codes do not
@@ -450,7 +505,7 @@ class WorkerContext:
         while todo:
             group = todo.pop()
             try:
-                got = self.encoders.encode(kind, [arrays[i] for i in group])
+                got = self.encoders.encode(kind, [arrays[i] for i in group], padded=padded)
             except Exception as exc:  # noqa: BLE001 (found by bisection; one array's failure costs only it)
                 if len(group) == 1:
                     failed[group[0]] = f"{type(exc).__name__}: {exc}"
@@ -486,6 +541,10 @@ class WorkerContext:
                 if it.kind == "conversation":
                     media_ids = [self.sequence(m.kind, codes[(it.index, k)]) for k, m in enumerate(it.media)]
                     docs.append((it.index, self.sft_documents(it, media_ids, dec.conversations[it.index])))
+                elif it.kind == "recording":
+                    clip_codes = [codes[(it.index, k)] for k in range(len(it.media))]
+                    seqs = self.recording_documents(it, clip_codes, dec.conversations[it.index])
+                    docs.extend((it.index, {suffix: d}) for suffix, d in route_by_length(seqs, self.cfg.split_tokens))
                 else:
                     docs.append((it.index, {"": self.pretrain_document(it, codes[(it.index, 0)])}))
             except BadInput as exc:
@@ -494,15 +553,17 @@ class WorkerContext:
                 skips[it.index] = unexpected(it.name, "document", exc)
         tokens = self._write(ref, docs)
         kinds = sorted({m.kind for it in items for m in it.media})
+        written = sorted({i for i, _ in docs})
         write_s = time.perf_counter() - t0
         record = {
             "batch": ref.id,
             "part": ref.part,
             "documents": len(docs),
-            "items": [i for i, _ in docs],
+            "stream_documents": {s.suffix: sum(1 for _i, d in docs if s.suffix in d) for s in self.streams},
+            "items": written,
             "skipped": [asdict(skips[i]) for i in sorted(skips)],
             "tokens": tokens,
-            "media": {k: sum(1 for i, _ in docs for m in by_index[i].media if m.kind == k) for k in kinds},
+            "media": {k: sum(1 for i in written for m in by_index[i].media if m.kind == k) for k in kinds},
             "seconds": round(dec.decode_s + enc.get("encode_s", 0.0) + write_s, 4),
             "decode_s": round(dec.decode_s, 4),
             "encode_s": round(enc.get("encode_s", 0.0), 4),
@@ -599,7 +660,9 @@ class WorkerContext:
                 counts = np.zeros(len(names), dtype=np.int64)
                 try:
                     for k, (_i, doc) in enumerate(docs):
-                        arr = doc[stream.suffix]
+                        arr = doc.get(stream.suffix)
+                        if arr is None:  # an interleaved sequence goes to one of the streams only
+                            continue
                         writer.add_document(arr)
                         if stream.dtype == "int32":
                             counts += np.bincount(self.spec.modality_of(arr), minlength=len(names))[: len(names)]
@@ -664,8 +727,9 @@ class WorkerContext:
                     for k, r in enumerate(written):
                         prefix = paths[2 * k][: -len(".bin")]
                         n = IndexedDataset(prefix).num_documents
-                        if n != r["documents"]:
-                            raise ValueError(f"{shards[k]}: {n} documents, its record says {r['documents']}")
+                        want = r.get("stream_documents", {}).get(stream.suffix, r["documents"])
+                        if n != want:
+                            raise ValueError(f"{shards[k]}: {n} documents, its record says {want}")
                         builder.add_index(prefix)
                     builder.finalize(f"{target}.idx")
                 for ext in (".bin", ".idx"):
@@ -683,7 +747,9 @@ class WorkerContext:
 
             shutil.rmtree(tmp_dir, ignore_errors=True)
         summary = _aggregate(records, self.streams, self.spec.modality_names)
-        summary.update(part=part, documents=docs, entries=entries, layouts=sorted(layouts),
+        summary.update(part=part, documents=docs, stream_documents={
+            s.suffix: sum(r.get("stream_documents", {}).get(s.suffix, r["documents"]) for r in written)
+            for s in self.streams}, written_items=sum(len(r["items"]) for r in written), entries=entries, layouts=sorted(layouts),
                        merge_s=round(time.perf_counter() - t0, 4), worker=_worker())
         storage.write_json(where, summary)
         fault_point("merge-part", part)
@@ -698,7 +764,7 @@ def _aggregate(records: list[dict[str, Any]], streams: list[Any], names: list[st
     devices: set[str] = set()
     out = {"batches": len(records), "items": 0, "decode_s": 0.0, "encode_s": 0.0, "write_s": 0.0}
     for r in records:
-        out["items"] += r["documents"] + len(r["skipped"])
+        out["items"] += len(r["items"]) + len(r["skipped"])
         skipped.extend(r["skipped"])
         for suffix, counts in r["tokens"].items():
             for n, v in counts.items():
