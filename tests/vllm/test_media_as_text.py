@@ -106,14 +106,15 @@ def test_a_stored_image_is_served_as_text_with_the_multimodal_paths_tokens(cache
     image = spec.modality("image")
     content = [{"type": "text", "text": "Describe: "}, image_part]
 
+    start = encoded(log)  # vLLM's profiling run may have encoded dummy images
     mm = chat(server, content, as_text=False)  # encodes the image once and stores its codes
-    assert encoded(log) == 1
+    assert encoded(log) == start + 1
     ids_mm = mm["prompt_token_ids"]
     assert placeholder in ids_mm
 
     text = chat(server, content)
     ids_text = text["prompt_token_ids"]
-    assert encoded(log) == 1, "the encoder ran for an image the cache holds"
+    assert encoded(log) == start + 1, "the encoder ran for an image the cache holds"
     assert placeholder not in ids_text and len(ids_text) == len(ids_mm)
     codes = [t for t, p in zip(ids_text, ids_mm, strict=True) if p == placeholder]
     assert codes and all(image.offset <= t < image.offset + image.size for t in codes)
@@ -133,9 +134,9 @@ def test_a_stored_image_is_served_as_text_with_the_multimodal_paths_tokens(cache
     # a known and an unknown image in one request: the known one as ids, the new one through the encoder
     mixed = [image_part, {"type": "text", "text": " and "}, png_part(7)]
     got = chat(server, mixed)
-    assert encoded(log) == 2  # the new image only
+    assert encoded(log) == start + 2  # the new image only
     want = chat(server, mixed, as_text=False)  # both through the multimodal path (both now from the cache)
-    assert encoded(log) == 2
+    assert encoded(log) == start + 2
     assert got["prompt_token_ids"].count(placeholder) == want["prompt_token_ids"].count(placeholder) - len(codes) > 0
     assert answer(got)[0] == answer(want)[0]
     np.testing.assert_allclose(answer(got)[1], answer(want)[1], rtol=0, atol=1e-4)
