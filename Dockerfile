@@ -4,7 +4,7 @@
 #   docker build -t apertus-plugins .
 #   docker run --gpus all -p 8000:8000 -e HF_TOKEN -v ~/.cache/huggingface:/root/.cache/huggingface apertus-plugins
 #
-# The image serves apertus-ai/Apertus-v1.5-8B with both parsers (tool calls and thinking); arguments
+# The image serves swiss-ai/Apertus-v1.5-8B with both parsers (tool calls and thinking); arguments
 # after the image name replace the model and the served name: `docker run ... apertus-plugins MODEL [FLAGS]`.
 # The supported vLLM range is 0.32 to 0.34 (vllm_model.SUPPORTED_VLLM).
 ARG VLLM_VERSION=v0.34.0
@@ -30,4 +30,4 @@ RUN python3 -m pip install --no-cache-dir ".[vllm]" \
 ENV HF_HOME=/root/.cache/huggingface
 EXPOSE 8000
 ENTRYPOINT ["vllm", "serve", "--enable-auto-tool-choice", "--tool-call-parser", "apertus", "--reasoning-parser", "apertus", "--host", "0.0.0.0", "--port", "8000"]
-CMD ["apertus-ai/Apertus-v1.5-8B", "--served-model-name", "apertus"]
+CMD ["swiss-ai/Apertus-v1.5-8B", "--served-model-name", "apertus"]

@@ -36,8 +36,11 @@ def _suite_session(suite: str):  # noqa: ANN202 - a nox session function
         report.unlink(missing_ok=True)
         # with a selection (-k, a node id) a suite that holds no selected test is not a failure (exit 5)
         codes = [0, 5] if session.posargs else [0]
+        # a test file or node id among the arguments selects it alone; otherwise the whole suite's folder runs
+        named = [a for a in session.posargs if not a.startswith("-") and Path(a.split("::")[0]).exists()]
+        where = [] if named else [str(envs.TESTS / suite)]
         session.run(str(venv / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider",
-                    f"--junitxml={report}", "-o", f"junit_suite_name={suite}", str(envs.TESTS / suite),
+                    f"--junitxml={report}", "-o", f"junit_suite_name={suite}", *where,
                     *session.posargs, env=envs.suite_env(suite, venv), external=True, success_codes=codes)
 
     session.__name__ = suite.replace("-", "_")

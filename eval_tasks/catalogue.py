@@ -35,8 +35,20 @@ Entry fields (``catalogue.yaml``):
 - ``absent``: why the benchmark has no Apertus task (then no harness fields); ``subtask_of``: the
   benchmark of the report an entry is a part of (not counted as one of the report's);
 - ``reference``: the report's numbers for the released 8B: ``off`` (thinking off), ``think``,
-  ``base`` (the released base model): ``[value, table, row, column]``; ``rows``: several rows of
-  one task (RULER's lengths), each ``{label, metric, reference}``.
+  ``base`` (the released base model): ``[value, table, row, column]``, optionally with a fifth
+  item ``{unlike: why}`` where the report has no number for what this package runs (the row then
+  shows ours with the reason and no difference); ``reference_70b``: the same for the 70B (shown,
+  not compared: this package's suites compare the 8B); ``rows``: several rows of one task
+  (RULER's lengths), each ``{label, metric, reference}``;
+- ``base_run``: the benchmark also runs on the base model (a ``<task>_base`` variant: upstream's
+  prompt without the chat template), for its base-model number of Tables 13-22;
+- ``categories``: the category set this package runs (``all`` unless it runs a part of the benchmark).
+
+Like for like: every cited table has its setting as data (the top-level ``tables`` of
+``catalogue.yaml``: the caption's words, the thinking mode, and the metric, shots or category set
+the caption fixes for some rows). :func:`cited_protocol` is what the report ran for a number (the
+benchmark's row of Tables L.1/L.2 overridden by the cited table's setting), :meth:`Benchmark.protocol`
+what this package runs; a reference must pair the two or say ``unlike``.
 """
 
 from __future__ import annotations
@@ -47,8 +59,8 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-__all__ = ["Benchmark", "CatalogueError", "KINDS", "Reference", "Row", "SUITES", "benchmarks", "by_id", "load",
-           "suite"]
+__all__ = ["Benchmark", "CatalogueError", "KINDS", "METRIC_NAMES", "Protocol", "Reference", "Row", "SUITES", "Table",
+           "benchmarks", "by_id", "cited_protocol", "load", "mismatches", "suite", "tables"]
 
 KINDS = ("chat", "completions", "base", "handwritten", "lmms")
 #: The suites of ``apertus eval report`` and what each runs.
@@ -64,6 +76,13 @@ SUITES: dict[str, str] = {
 }
 _THINK = (True, False, "aime", "math", "code")
 _MODES = ("off", "think", "base")
+#: The report's metric names (Tables L.1/L.2) of the result keys this package reads (the key before the comma).
+METRIC_NAMES: dict[str, str] = {
+    "exact_match": "Exact Match", "acc": "Accuracy", "acc_norm": "Accuracy (norm.)", "f1": "F1",
+    "math_verify": "Math Verify", "pass@1": "Pass@1", "pass_at_1": "Pass@1",
+    "prompt_level_loose_acc": "Accuracy (prompt-level loose)", "prompt_level_strict_acc": "Accuracy (prompt-level strict)",
+    "refusal_rate": "Refusal rate", "lc_win_rate": "Length-controlled win rate",
+}
 
 
 class CatalogueError(ValueError):
@@ -78,9 +97,65 @@ class Reference:
     table: str
     row: str
     column: str
+    unlike: str | None = None  # why the report's number is not for what this package runs (no difference shown)
 
     def cite(self) -> str:
         return f"Table {self.table}, {self.row}, {self.column}"
+
+
+@dataclass(frozen=True)
+class Table:
+    """The setting of one table of the report, as data: ``quote`` (words of its caption, checked
+    against the report's text by ``tools/check_report_numbers.py``), ``thinking`` (``off``, ``on`` or
+    ``base``: the base model) and what the caption fixes for some rows (by benchmark id or by the
+    ``listed`` section): ``metric``, ``shots``, ``categories``, ``sampling``."""
+
+    key: str
+    quote: str
+    thinking: str | dict[str, str]
+    metric: dict[str, str] = field(default_factory=dict)
+    shots: dict[str, int] = field(default_factory=dict)
+    categories: dict[str, str] = field(default_factory=dict)
+    sampling: dict[str, str] = field(default_factory=dict)
+
+    def thinking_of(self, column: str) -> str:
+        """The thinking mode of a column (``off``, ``on``, ``base``)."""
+        if isinstance(self.thinking, str):
+            return self.thinking
+        if column not in self.thinking:
+            raise CatalogueError(f"catalogue.yaml, table {self.key}: no thinking mode for column {column!r}")
+        return self.thinking[column]
+
+    def fixes(self, what: str, b: Benchmark) -> Any:
+        """What the caption fixes of ``what`` for ``b`` (by id, else by its section), or None."""
+        values = getattr(self, what)
+        if b.id in values:
+            return values[b.id]
+        return next((v for k, v in values.items() if b.listed.startswith(k)), None)
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A setting one number is measured under: the metric (the report's name), the shots, the
+    category set and the thinking mode (``off``, ``on``, ``base``); None where the table leaves it to
+    the task (images, audio, long context)."""
+
+    metric: str | None
+    shots: int | None
+    categories: str
+    thinking: str
+    sampling: str | None = None  # mean@k over sampled runs, where a table or the run says so (shown, not compared)
+
+    def describe(self) -> str:
+        parts = [self.metric or "the task's metric"]
+        if self.shots is not None:
+            parts.append(f"{self.shots} shots")
+        if self.categories != "all":
+            parts.append(f"categories: {self.categories}")
+        parts.append({"off": "thinking off", "on": "thinking on", "base": "base model"}[self.thinking])
+        if self.sampling:
+            parts.append(self.sampling)
+        return "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -123,6 +198,9 @@ class Benchmark:
     rows: tuple[Row, ...] = ()
     note: str | None = None
     subtask_of: str | None = None  # not a benchmark of the report's tables: a part of one (RULER's NIAH)
+    base_run: bool = False
+    categories: str = "all"
+    reference_70b: dict[str, Reference] = field(default_factory=dict)
 
     @property
     def runnable(self) -> bool:
@@ -136,7 +214,44 @@ class Benchmark:
         out = {"base" if self.kind == "base" or (self.kind == "completions" and not self.chat) else "off": self.task}
         if self.think:
             out["think"] = f"{self.task}_think"
+        if self.base_run:
+            out["base"] = f"{self.task}_base"
         return out
+
+    def suffix(self, mode: str) -> str:
+        """The suffix of the task of ``mode`` after the benchmark's task name."""
+        return "_think" if mode == "think" else "_base" if mode == "base" and self.base_run else ""
+
+    def kind_in(self, mode: str) -> str:
+        """How the task of ``mode`` runs: a base-model variant of a generated benchmark is ``base``
+        (upstream's prompt and decoding through the completions API)."""
+        if mode == "base" and self.base_run and self.kind == "chat":
+            return "base"
+        return str(self.kind)
+
+    def chat_in(self, mode: str) -> bool:
+        """Whether the task of ``mode`` goes through the chat template (never on the base model)."""
+        return self.chat and mode != "base"
+
+    def multi_turn_in(self, mode: str) -> bool:
+        return self.multi_turn and self.chat_in(mode)
+
+    def needs_in(self, mode: str) -> tuple[str, ...]:
+        """What the task of ``mode`` needs: a base-model variant reads log-likelihoods or completions
+        through the model's tokenizer."""
+        if mode == "base" and self.base_run and "tokenizer" not in self.needs:
+            return ("tokenizer", *self.needs)
+        return self.needs
+
+    def protocol(self, mode: str, shots: int | None = None) -> Protocol:
+        """What this package runs in ``mode``: the report's name of the metric read, the shots
+        (``shots``: the derived task's, where known; else the catalogue's), the category set."""
+        key = str(self.rows[0].metric or "").split(",")[0]
+        metric = METRIC_NAMES.get(key)
+        if shots is None:
+            shots = self.num_fewshot if self.num_fewshot is not None else _shots(self.setting)
+        sampling = f"mean@{self.repeats}" if mode == "think" and self.repeats > 1 else None
+        return Protocol(metric, shots, self.categories, {"think": "on"}.get(mode, mode), sampling)
 
     @property
     def by_length(self) -> bool:
@@ -150,9 +265,9 @@ class Benchmark:
 
         return MEAN_AT_K[self.think] if isinstance(self.think, str) else 1
 
-    def need(self, prefix: str) -> str | None:
+    def need(self, prefix: str, mode: str | None = None) -> str | None:
         """The value of a ``needs`` item ``prefix:value`` (``""`` for a bare ``prefix``), None if not needed."""
-        for item in self.needs:
+        for item in (self.needs if mode is None else self.needs_in(mode)):
             name, _, value = item.partition(":")
             if name == prefix:
                 return value
@@ -171,14 +286,66 @@ def _reference(entry: dict[str, Any], raw: Any) -> dict[str, Reference]:
         raise _fail(entry, f"reference must map {'/'.join(_MODES)} to [value, table, row, column], got {raw!r}")
     out = {}
     for mode, cite in raw.items():
+        extra: dict[str, Any] = {}
+        if isinstance(cite, list) and len(cite) == 5 and isinstance(cite[4], dict):
+            extra, cite = cite[4], cite[:4]
+            if set(extra) != {"unlike"} or not isinstance(extra["unlike"], str) or not extra["unlike"]:
+                raise _fail(entry, f"reference {mode}: the fifth item is {{unlike: why}}, got {extra!r}")
         if not (isinstance(cite, list) and len(cite) == 4 and isinstance(cite[0], (int, float))
                 and all(isinstance(c, str) and c for c in cite[1:])):
             raise _fail(entry, f"reference {mode}: expected [value, table, row, column], got {cite!r}")
-        out[mode] = Reference(float(cite[0]), *cite[1:])
+        out[mode] = Reference(float(cite[0]), *cite[1:], unlike=extra.get("unlike"))
+    return out
+
+
+#: The metric names of Tables L.1 and L.2 (the first item of a benchmark's ``setting``).
+REPORT_METRICS = ("Exact Match", "Accuracy (prompt-level loose)", "Accuracy (prompt-level strict)", "Accuracy (norm.)",
+                  "Accuracy", "F1", "Math Verify", "Pass@10", "Pass@1", "Refusal rate", "Length-controlled win rate",
+                  "Arena-Hard score", "Score", "Hallucination rate", "Precision", "Abstention rate", "Pass rate")
+
+
+def _setting_metric(setting: str) -> str | None:
+    first = setting.split(";")[0].strip()
+    return first if first in REPORT_METRICS else None
+
+
+def _shots(setting: str) -> int | None:
+    found = re.search(r"\b(\d+) shots\b", setting)
+    return int(found.group(1)) if found else None
+
+
+def cited_protocol(b: Benchmark, ref: Reference) -> Protocol:
+    """What the report ran for ``ref``: the benchmark's row of Tables L.1/L.2 (its ``setting``: metric
+    and shots), overridden where the cited table's caption fixes them, in the table's thinking mode."""
+    table = tables().get(ref.table)
+    if table is None:
+        raise CatalogueError(f"catalogue.yaml, benchmark {b.id!r}: Table {ref.table} has no setting under 'tables'")
+    metric = table.fixes("metric", b) or _setting_metric(b.setting)
+    shots = table.fixes("shots", b)
+    thinking = table.thinking_of(ref.column)
+    return Protocol(metric, _shots(b.setting) if shots is None else int(shots), table.fixes("categories", b) or "all",
+                    thinking, table.fixes("sampling", b) if thinking == "on" else None)
+
+
+def mismatches(b: Benchmark, mode: str, ref: Reference, shots: int | None = None) -> list[str]:
+    """How what this package runs in ``mode`` differs from what the report ran for ``ref`` (empty: like
+    for like). ``shots``: the derived task's, where known. The metric and the shots are compared where
+    both name one (the image, audio and long-context tables leave them to the task)."""
+    ours, theirs = b.protocol(mode, shots), cited_protocol(b, ref)
+    out = []
+    if ours.metric and theirs.metric and ours.metric != theirs.metric:
+        out.append(f"metric: the report's {theirs.metric}, ours {ours.metric}")
+    if ours.shots is not None and theirs.shots is not None and ours.shots != theirs.shots:
+        out.append(f"shots: the report's {theirs.shots}, ours {ours.shots}")
+    if ours.categories != theirs.categories:
+        out.append(f"categories: the report's {theirs.categories}, ours {ours.categories}")
+    if ours.thinking != theirs.thinking:
+        out.append(f"thinking: the report's {theirs.thinking}, ours {ours.thinking}")
     return out
 
 
 _FIELDS = {f for f in Benchmark.__dataclass_fields__} | {"reference"}
+_TABLE_FIELDS = {"quote", "thinking", "metric", "shots", "categories", "sampling"}
 
 
 def _benchmark(entry: dict[str, Any]) -> Benchmark:
@@ -194,6 +361,9 @@ def _benchmark(entry: dict[str, Any]) -> Benchmark:
     reference = _reference(entry, kw.pop("reference", None))
     rows = tuple(Row(r["label"], r.get("metric"), _reference(entry, r.get("reference"))) for r in kw.pop("rows", []))
     kw["rows"] = rows or (Row(entry["name"], entry.get("metric"), reference),)
+    kw["reference_70b"] = _reference(entry, kw.get("reference_70b"))
+    if kw.get("base_run") and not (kw.get("kind") in ("chat", "completions") and kw.get("chat", True)):
+        raise _fail(entry, "base_run adds a base-model variant to a benchmark run through the chat template")
     for key in ("suites", "needs", "add_filters"):
         kw[key] = tuple(kw.get(key) or ())
     for key in ("upstream", "upstream_dir"):
@@ -247,14 +417,41 @@ def _loader() -> type:
 
 
 @cache
-def load() -> tuple[Benchmark, ...]:
-    """Every benchmark of ``catalogue.yaml``, checked."""
+def _raw() -> dict[str, Any]:
     import yaml
 
     text = (resources.files("eval_tasks") / "catalogue.yaml").read_text(encoding="utf-8")
     raw = yaml.load(text, Loader=_loader())  # noqa: S506 - a SafeLoader with YAML 1.2 booleans
     if not isinstance(raw, dict) or not isinstance(raw.get("benchmarks"), list):
         raise CatalogueError("catalogue.yaml: expected a mapping with a 'benchmarks' list")
+    return raw
+
+
+@cache
+def tables() -> dict[str, Table]:
+    """The setting of every cited table (``catalogue.yaml``'s ``tables``), by the table's key."""
+    raw = _raw().get("tables")
+    if not isinstance(raw, dict):
+        raise CatalogueError("catalogue.yaml: expected a 'tables' mapping (the setting of each cited table)")
+    out = {}
+    for key, entry in raw.items():
+        key = str(key)
+        if not isinstance(entry, dict) or set(entry) - _TABLE_FIELDS or not entry.get("quote"):
+            raise CatalogueError(f"catalogue.yaml, table {key}: expected {{quote, thinking, ...}} with fields "
+                                 f"{sorted(_TABLE_FIELDS)}, got {entry!r}")
+        thinking = entry.get("thinking")
+        modes = list(thinking.values()) if isinstance(thinking, dict) else [thinking]
+        if not modes or any(m not in ("off", "on", "base") for m in modes):
+            raise CatalogueError(f"catalogue.yaml, table {key}: thinking is off, on or base (or one per column)")
+        out[key] = Table(key, str(entry["quote"]), thinking,
+                         **{k: dict(entry.get(k) or {}) for k in ("metric", "shots", "categories", "sampling")})
+    return out
+
+
+@cache
+def load() -> tuple[Benchmark, ...]:
+    """Every benchmark of ``catalogue.yaml``, checked."""
+    raw = _raw()
     out = tuple(_benchmark(e) for e in raw["benchmarks"])
     seen: dict[str, str] = {}
     for b in out:
@@ -266,6 +463,13 @@ def load() -> tuple[Benchmark, ...]:
             raise CatalogueError(f"catalogue.yaml: duplicate id {b.id!r}")
     if len({b.id for b in out}) != len(out):
         raise CatalogueError("catalogue.yaml: duplicate ids")
+    known = tables()
+    for b in out:
+        for ref in [r for row in b.rows for r in row.reference.values()] + list(b.reference_70b.values()):
+            if ref.table not in known:
+                raise CatalogueError(f"catalogue.yaml, benchmark {b.id!r}: Table {ref.table} has no setting under "
+                                     "'tables'")
+            known[ref.table].thinking_of(ref.column)
     return out
 
 

@@ -153,8 +153,8 @@ def _aggregate(b: Benchmark) -> dict[str, Any]:
     return agg
 
 
-def _suffix(mode: str) -> str:
-    return "_think" if mode == "think" else ""
+def _suffix(b: Benchmark, mode: str) -> str:
+    return b.suffix(mode)
 
 
 def _modes(b: Benchmark) -> list[str]:
@@ -211,7 +211,7 @@ def _lm_leaf(h: _LmEval, b: Benchmark, entry: Any, name: str, mode: str, inherit
     out: dict[str, Any] = {"include": str(entry.yaml_path), "task": name, "tag": []}
     for key, value in inherited.items():
         out.setdefault(key, value)
-    if b.kind == "chat":
+    if b.kind_in(mode) == "chat":
         out["class"] = Function(_LM_CLASS)
         out["generation_kwargs"] = generation_kwargs(mode)
         if mode == "think" and b.repeats > 1:
@@ -238,7 +238,7 @@ def _lm_derive(h: _LmEval, b: Benchmark, name: str, mode: str, files: dict[str, 
     from lm_eval.tasks._index import Kind
 
     entry = h.entry(b, name)
-    derived = new_name or f"apertus_{name}{_suffix(mode)}"
+    derived = new_name or f"apertus_{name}{_suffix(b, mode)}"
     if entry.kind in (Kind.TASK, Kind.PY_TASK):
         cfg = _lm_leaf(h, b, entry, derived, mode, dict(inherited or {}))
         files[f"{derived}.yaml"] = _dump(cfg, f"{b.name} ({b.listed}): lm-eval's {name}, {mode}")
@@ -256,12 +256,14 @@ def _lm_derive(h: _LmEval, b: Benchmark, name: str, mode: str, files: dict[str, 
         if isinstance(item, str):
             members.append(_lm_derive(h, b, item, mode, files, passed))
         elif isinstance(item, dict) and "group" in item:  # an inline sub-group
-            sub_name = f"apertus_{name}_{re.sub(r'[^0-9a-z]+', '_', str(item['group']).lower())}{_suffix(mode)}"
+            sub_name = f"apertus_{name}_{re.sub(r'[^0-9a-z]+', '_', str(item['group']).lower())}{_suffix(b, mode)}"
             sub_members = []
             for sub in item.get("task") or []:
                 if not isinstance(sub, str):
                     raise DerivationError(f"benchmark {b.id}: {name} nests a group in a group ({item['group']})")
                 sub_members.append(_lm_derive(h, b, sub, mode, files, passed))
+            if sub_name in sub_members:  # a member derives to the sub-group's name (MMLU's flan CoT "stem")
+                sub_name = f"apertus_{name}__{re.sub(r'[^0-9a-z]+', '_', str(item['group']).lower())}{_suffix(b, mode)}"
             sub = {"group": sub_name, "task": sub_members}
             if item.get("aggregate_metric_list"):
                 sub["aggregate_metric_list"] = item["aggregate_metric_list"]
@@ -276,6 +278,8 @@ def _lm_derive(h: _LmEval, b: Benchmark, name: str, mode: str, files: dict[str, 
     for key in ("aggregate_metric_list", "group_alias"):
         if cfg.get(key):
             group[key] = cfg[key]
+    if "metric_list" in b.overrides and cfg.get("aggregate_metric_list"):  # the members score another metric
+        group["aggregate_metric_list"] = [_aggregate(b)]
     group["metadata"] = {**(cfg.get("metadata") if isinstance(cfg.get("metadata"), dict) else {}),
                          "apertus_benchmark": b.id}
     files[f"{derived}.yaml"] = _dump(group, f"{b.name} ({b.listed}): lm-eval's group {name}, {mode}")
@@ -290,7 +294,7 @@ def _handwritten(harness: str, b: Benchmark, mode: str, files: dict[str, str]) -
         raise DerivationError(f"benchmark {b.id}: the template {template} is missing from the package")
     gen = generation_kwargs(mode, tools="tools" in b.needs)
     subtasks = _subtasks(template.parent / "utils.py")
-    suffix = _suffix(mode)
+    suffix = _suffix(b, mode)
     if not subtasks:
         name = f"{b.task}{suffix}"
         files[f"{name}.yaml"] = _dump({"include": str(template), "task": name, "generation_kwargs": gen,
@@ -360,7 +364,7 @@ def _lmms_task(h: _LmmsEval, b: Benchmark, mode: str, files: dict[str, str]) -> 
     if cfg.get("output_type", "generate_until") != "generate_until":
         raise DerivationError(f"benchmark {b.id}: lmms-eval's {b.upstream} is a {cfg.get('output_type')} task; the "
                               "apertus model generates")
-    name = f"{b.task}{_suffix(mode)}"
+    name = f"{b.task}{_suffix(b, mode)}"
     audio = "audio" in b.suites
     out: dict[str, Any] = {"include": str(path), "task": name, "tag": [], "class": Function(_LMMS_CLASS)}
     data = {"key": b.data.get("key") or _data_key(cfg.get("dataset_path")),
@@ -396,16 +400,16 @@ def generate(harness: str) -> dict[str, str]:
             if b.kind == "handwritten":
                 name = _handwritten(harness, b, mode, files)
             elif harness == "lm_eval" and isinstance(b.upstream, tuple):
-                name = f"{b.task}{_suffix(mode)}"
+                name = f"{b.task}{_suffix(b, mode)}"
                 members = [_lm_derive(h, b, u, mode, files) for u in b.upstream]
                 files[f"{name}.yaml"] = _dump({"group": name, "task": members, "aggregate_metric_list": [_aggregate(b)],
                                                "metadata": {"version": 1.0, "apertus_benchmark": b.id}},
                                               f"{b.name} ({b.listed}): lm-eval's {', '.join(b.upstream)}, {mode}")
             elif harness == "lm_eval":
-                name = _lm_derive(h, b, str(b.upstream), mode, files, new_name=f"{b.task}{_suffix(mode)}")
+                name = _lm_derive(h, b, str(b.upstream), mode, files, new_name=f"{b.task}{_suffix(b, mode)}")
             else:
                 name = _lmms_task(h, b, mode, files)
-            tasks[name] = {"benchmark": b.id, "mode": mode, "kind": b.kind, "upstream": b.upstream,
+            tasks[name] = {"benchmark": b.id, "mode": mode, "kind": b.kind_in(mode), "upstream": b.upstream,
                            "metrics": [r.metric for r in b.rows],
                            "repeats": b.repeats if mode == "think" else 1}
     files["manifest.json"] = json.dumps({"harness": harness, "version": ver, "protocol": {

@@ -72,6 +72,9 @@ __all__ = [
     "hf_to_megatron",
     "megatron_to_hf",
     "megatron_names",
+    "name_pairs",
+    "qkv_names",
+    "check_xielu_constant",
     "hf_config_from_shape",
 ]
 
@@ -377,6 +380,37 @@ _XIELU_CONSTANTS = {"mlp.act_fn.beta": _xielu.BETA, "mlp.act_fn.eps": _xielu.EPS
 _TOP_MAP = {"embed_tokens.weight": "embedding.word_embeddings.weight", "norm.weight": "decoder.final_layernorm.weight"}
 
 
+def name_pairs(layer: str = "*") -> list[tuple[str, str]]:
+    """``(released name, Megatron name)`` of every tensor that maps one to one (the embedding, the
+    final norm, and per layer the tensors of ``_LAYER_MAP``), the layer index written as ``layer``
+    (``"*"``: the wildcard patterns a name-pattern registry such as Megatron-Bridge's takes).
+
+    The fused QKV (:data:`QKV_NAMES`, :func:`fuse_qkv`), the LM head (:data:`LM_HEAD`, re-grown and
+    pruned) and the xIELU constants are not one to one and are not listed.
+    """
+    pairs = [(HF_PREFIX_15 + hf, meg) for hf, meg in _TOP_MAP.items()]
+    pairs += [(f"{HF_PREFIX_15}layers.{layer}.{hf}", f"decoder.layers.{layer}.{meg}") for hf, meg in _LAYER_MAP.items()]
+    return pairs
+
+
+def qkv_names(layer: str = "*") -> tuple[tuple[str, str, str], str]:
+    """``((q, k, v) released names, fused Megatron name)`` of one layer (``"*"``: the wildcard patterns)."""
+    lp = f"{HF_PREFIX_15}layers.{layer}."
+    return (lp + _QKV[0], lp + _QKV[1], lp + _QKV[2]), f"decoder.layers.{layer}.self_attention.linear_qkv.weight"
+
+
+def check_xielu_constant(name: str, t: torch.Tensor) -> bool:
+    """Whether ``name`` is a saved xIELU constant (``mlp.act_fn.beta``/``eps``); raises if its value is not SPEC's."""
+    suffix = next((s for s in _XIELU_CONSTANTS if name.endswith("." + s)), None)
+    if suffix is None:
+        return False
+    want = torch.tensor(_XIELU_CONSTANTS[suffix], dtype=t.dtype)
+    if t.numel() != 1 or not torch.equal(t.reshape(()), want):
+        raise ConversionError(f"{name} is {t.reshape(-1)[:1].tolist()}, but the Megatron xIELU uses the "
+                              f"constant {_XIELU_CONSTANTS[suffix]}")
+    return True
+
+
 def megatron_names(num_layers: int) -> list[str]:
     """Every tensor name of a Megatron Apertus decoder (the names :func:`hf_to_megatron` produces)."""
     names = list(_TOP_MAP.values()) + ["output_layer.weight"]
@@ -446,10 +480,7 @@ def hf_to_megatron(state: Mapping[str, torch.Tensor], shape: ModelShape, *, embe
         elif suffix in _QKV:
             qkv.setdefault(n, {})[suffix] = t
         elif suffix in _XIELU_CONSTANTS:
-            want = torch.tensor(_XIELU_CONSTANTS[suffix], dtype=t.dtype)
-            if t.numel() != 1 or not torch.equal(t.reshape(()), want):
-                raise ConversionError(f"{name} is {t.reshape(-1)[:1].tolist()}, but the Megatron xIELU uses the "
-                                      f"constant {_XIELU_CONSTANTS[suffix]}")
+            check_xielu_constant(name, t)
             passthrough[name] = t
         else:
             raise ConversionError(f"{name}: not a tensor of the Apertus decoder")

@@ -36,7 +36,7 @@ from .version import require_supported
 require_supported()
 
 __all__ = ["XIELU", "ApertusMLP", "apertus_layer_spec", "check_apertus_config", "build_gpt_model",
-           "local_to_checkpoint_name"]
+           "local_to_checkpoint_name", "checkpoint_to_local_name"]
 
 
 class XIELU(MegatronModule):
@@ -132,6 +132,19 @@ def local_to_checkpoint_name(name: str, spec: ModuleSpec) -> str:
         for old, new in keys_map.items():
             if rest.startswith(old):
                 return f"{prefix}{layer}.{new}{rest[len(old):]}"
+    return name
+
+
+def checkpoint_to_local_name(name: str, spec: ModuleSpec) -> str:
+    """Inverse of :func:`local_to_checkpoint_name`: a checkpoint (Transformer Engine style) name -> the
+    name the model built from ``spec`` gives it (unchanged where the spec renames nothing)."""
+    keys_map = getattr(spec.submodules, "sharded_state_dict_keys_map", None) or {}
+    prefix = "decoder.layers."
+    if name.startswith(prefix):
+        layer, _, rest = name[len(prefix):].partition(".")
+        for old, new in keys_map.items():
+            if rest.startswith(new):
+                return f"{prefix}{layer}.{old}{rest[len(new):]}"
     return name
 
 

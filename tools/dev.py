@@ -4,7 +4,8 @@
     python3 tools/dev.py demo                   # the main job, in the `core` environment
     python3 tools/dev.py test                   # build every suite's environment and run every suite
     python3 tools/dev.py test core reference    # only some suites
-    python3 tools/dev.py test core -- -k vocab  # arguments after `--` go to pytest (`-k NAME`, a node id, -x)
+    python3 tools/dev.py test core -- -k vocab  # arguments after `--` go to pytest (`-k NAME`, -x)
+    python3 tools/dev.py test vllm -- tests/vllm/test_parsers.py  # a file or node id: that alone
     python3 tools/dev.py env SUITE              # build one environment and print its path
     python3 tools/dev.py run SUITE CMD...       # run a command in a suite's environment
 

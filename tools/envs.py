@@ -42,7 +42,7 @@ TESTS = ROOT / "tests"
 CACHE = Path(os.environ.get("APERTUS_VENV_CACHE", Path.home() / ".cache" / "apertus-plugins" / "venvs"))
 #: Suites in run order; each names the Python it needs (megatron-core 0.19 and lmms-eval need 3.12).
 #: ``docs`` builds the documentation site (warnings are errors) and checks its links.
-SUITES = ["docs", "core", "reference", "megatron", "megatron-train", "vllm", "verl", "verl-train", "eval"]
+SUITES = ["docs", "core", "reference", "megatron", "megatron-train", "megatron-bridge", "vllm", "verl", "verl-train", "eval"]
 #: Where each suite's pytest writes its JUnit XML report (``<suite>.xml``): the summary reads them
 #: (``$APERTUS_TEST_REPORTS`` moves them).
 REPORTS = Path(os.environ.get("APERTUS_TEST_REPORTS", ROOT / "build" / "test-reports"))

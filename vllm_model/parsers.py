@@ -53,6 +53,12 @@ def render_calls(calls: Sequence[Any]) -> str:
     return f"{CALL_OPEN}{body}{CALL_CLOSE}"
 
 
+def _at_token_limit(request: Any, token_ids: Sequence[int]) -> bool:
+    """Whether ``token_ids`` (the generation so far) reached the request's ``max_tokens``: the last delta."""
+    limit = getattr(request, "max_completion_tokens", None) or getattr(request, "max_tokens", None)
+    return bool(limit) and len(token_ids) >= int(limit)
+
+
 def _holdback(text: str) -> int:
     """Length of the longest suffix of ``text`` that is a proper prefix of a delimiter."""
     return holdback(text, _MARKERS)
@@ -220,8 +226,11 @@ class ApertusToolParser(ToolParser):
     """Tool calls of Apertus 1.5: ``<|tools_prefix|>[{"NAME": ARGS}, …]<|tools_suffix|>``.
 
     Parallel calls are the elements of one array; a call whose terminator is missing (the end of
-    the generation, or the thinking span closing) is kept when its JSON is complete. Streaming
-    sends each call whole (name and arguments) as soon as its JSON array is complete.
+    the generation, or the thinking span closing) is kept when its JSON is complete, and a block cut
+    off by ``max_tokens`` keeps what it proves (:func:`apertus_plugins.core.chat.parse.salvage_json`:
+    the calls that closed, and one whose arguments end in a complete value), as vLLM's own
+    ``apertus`` parser salvages it. Streaming sends each call whole (name and arguments) as soon as
+    its object closes, and salvages a cut-off call on the delta that reaches the token limit.
     """
 
     supports_required_and_named = True
@@ -267,7 +276,9 @@ class ApertusToolParser(ToolParser):
     def extract_tool_calls_streaming(self, previous_text: str, current_text: str, delta_text: str,
                                      previous_token_ids: Sequence[int], current_token_ids: Sequence[int],
                                      delta_token_ids: Sequence[int], request: Any) -> DeltaMessage | None:
-        parsed = parse_output(current_text)
+        # mid-stream only whole calls are sent; on the delta that reaches the request's token limit the
+        # generation is over, so a call cut off there is salvaged as the whole output would be
+        parsed = parse_output(current_text, final=_at_token_limit(request, current_token_ids))
         content = self._content(current_text, parsed)
         visible = content[: len(content) - _holdback(content)]
         new_content = ""

@@ -8,9 +8,14 @@ so the last rename wins and nothing is lost.
 - **Atomic**: an entry is written to a temporary file beside its place and renamed into place
   (``os.replace``), so a reader sees a whole entry or none; a crashed writer leaves only a
   ``.tmp-*`` file, removed by a later scan once it is an hour old.
-- **Checked on read**: every entry starts with a header (magic, payload length, SHA-256 of the
-  payload); an entry whose header, length or digest does not match (a truncated copy, a flipped
-  bit, a foreign file) is removed and reported as a miss, never returned.
+- **Checked on read, against its key**: every entry starts with a header (magic, payload length,
+  SHA-256 of the key it was written for, SHA-256 of the payload); an entry whose header, length or
+  digests do not match (a truncated copy, a flipped bit, a foreign file, or a whole entry that sits
+  under another key's name: a cache merged or restored by hand, a writer's bug) is removed and reported
+  as a miss, never returned: a value is only ever served for the key it was computed for.
+- **Private by default**: the directories the cache creates are ``0700`` (its user only). Whoever can
+  write the cache decides the values its readers get, so a cache shared by several users is their
+  choice, made by creating the directory with wider permissions first; the cache then says so once.
 - **Bounded, least recently used**: a hit refreshes the entry's modification time; when the bytes
   on disk pass ``max_bytes`` the oldest entries are removed until 90% of the bound remains. Each
   process estimates the total from a directory scan plus its own writes and rescans when the
@@ -33,14 +38,17 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["DiskCache", "HEADER", "MAGIC", "RESCAN_EVERY"]
+__all__ = ["DiskCache", "HEADER", "LAYOUT", "MAGIC", "RESCAN_EVERY"]
 
 logger = logging.getLogger(__name__)
 
-#: The first bytes of every entry (format version 1).
-MAGIC = b"APC1"
-#: magic, payload length (little-endian uint64), SHA-256 of the payload.
-HEADER = struct.Struct("<4sQ32s")
+#: The first bytes of every entry (format version 2: the key's digest in the header).
+MAGIC = b"APC2"
+#: magic, payload length (little-endian uint64), SHA-256 of the key, SHA-256 of the payload.
+HEADER = struct.Struct("<4sQ32s32s")
+#: The subdirectory of this format's entries (a version-1 cache beside it is never read).
+LAYOUT = "v2"
+_PRIVATE = 0o700
 #: Writes between two directory scans of one process (how soon it sees the others' writes).
 RESCAN_EVERY = 256
 _LOW_WATER = 0.9
@@ -60,8 +68,13 @@ class DiskCache:
             raise ValueError(f"DiskCache: max_bytes must be positive, got {max_bytes}")
         self.directory = Path(directory).expanduser()
         self.max_bytes = int(max_bytes)
-        self.root = self.directory / "v1"
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = self.directory / LAYOUT
+        _private_dir(self.directory, parents=True)
+        _private_dir(self.root)
+        shared = _shared_by_others(self.directory)
+        if shared:
+            logger.warning("media cache: %s is writable by %s: whoever can write it decides the codes its readers "
+                           "get (a shared cache is a choice; see the docs)", self.directory, shared)
         self.hits = self.misses = self.stores = self.corrupt = self.evicted = 0
         self._estimate: int | None = None
         self._writes_since_scan = 0
@@ -86,9 +99,10 @@ class DiskCache:
         except OSError:
             self.misses += 1
             return None
-        payload = _unpack(data)
+        payload = _unpack(data, key)
         if payload is None:
-            logger.warning("media cache: %s is damaged (%d bytes); removed, the value is recomputed", path, len(data))
+            logger.warning("media cache: %s is damaged or belongs to another key (%d bytes); removed, the value is "
+                           "recomputed", path, len(data))
             self.corrupt += 1
             self.misses += 1
             _unlink(path)
@@ -104,12 +118,12 @@ class DiskCache:
     def put(self, key: str, payload: bytes) -> bool:
         """Store ``payload`` under ``key`` (atomically); ``False`` when it was not stored."""
         path = self.path(key)
-        blob = HEADER.pack(MAGIC, len(payload), hashlib.sha256(payload).digest()) + bytes(payload)
+        blob = HEADER.pack(MAGIC, len(payload), _key_digest(key), hashlib.sha256(payload).digest()) + bytes(payload)
         if len(blob) > self.max_bytes:
             return False
         tmp = None
         try:
-            path.parent.mkdir(exist_ok=True)
+            _private_dir(path.parent)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=f"-{os.getpid()}")
             with os.fdopen(fd, "wb") as fh:
                 fh.write(blob)
@@ -186,14 +200,45 @@ class DiskCache:
                 "evicted": self.evicted}
 
 
-def _unpack(data: bytes) -> bytes | None:
+def _key_digest(key: str) -> bytes:
+    return hashlib.sha256(b"apertus-diskcache-key\0" + key.encode("ascii")).digest()
+
+
+def _unpack(data: bytes, key: str) -> bytes | None:
+    """The payload of an entry written for ``key``; None for a damaged entry or another key's."""
     if len(data) < HEADER.size:
         return None
-    magic, length, digest = HEADER.unpack_from(data)
+    magic, length, key_digest, digest = HEADER.unpack_from(data)
     payload = data[HEADER.size:]
-    if magic != MAGIC or length != len(payload) or hashlib.sha256(payload).digest() != digest:
+    if magic != MAGIC or length != len(payload) or key_digest != _key_digest(key):
+        return None
+    if hashlib.sha256(payload).digest() != digest:
         return None
     return payload
+
+
+def _private_dir(path: Path, parents: bool = False) -> None:
+    """Create ``path`` readable and writable by its user only; an existing directory keeps its mode."""
+    if parents:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=_PRIVATE)
+    except FileExistsError:
+        return
+    os.chmod(path, _PRIVATE)  # mkdir's mode passes through the umask; the cache's own stays private
+
+
+def _shared_by_others(path: Path) -> str:
+    """``"its group"`` / ``"other users"`` when ``path`` is writable by them, else empty."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return ""
+    if mode & 0o002:
+        return "other users"
+    if mode & 0o020:
+        return "its group"
+    return ""
 
 
 def _unlink(path: Path) -> bool:

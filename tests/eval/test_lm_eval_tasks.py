@@ -18,7 +18,7 @@ from conftest import SERVED_NAME
 from apertus_plugins.infra.client import http_json
 from apertus_plugins.posttrain.evaluation import DEFAULT_DECODING, MEAN_AT_K, THINKING_DECODING, stop_strings
 from apertus_plugins.testing.serve import VLLMServer
-from eval_tasks.catalogue import by_id, load
+from eval_tasks.catalogue import by_id, load, mismatches
 from eval_tasks.derive import include_path, manifest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +59,8 @@ def test_every_derived_task_follows_the_protocol(lm_eval_path: Path) -> None:
         name = cfg["task"]
         assert Path(cfg["include"]).is_absolute() and Path(cfg["include"]).is_file(), name
         b = templates.get(cfg["include"]) or catalogue[cfg["metadata"]["apertus_benchmark"]]
-        if b.kind not in ("chat", "handwritten"):
+        mode = "think" if name.endswith("_think") else "base" if name.endswith("_base") and b.base_run else "off"
+        if b.kind_in(mode) not in ("chat", "handwritten"):
             assert "generation_kwargs" not in cfg and "class" not in cfg, name  # upstream's own scoring
             continue
         gen, thinking = cfg["generation_kwargs"], name.endswith("_think")
@@ -81,6 +82,54 @@ def test_every_derived_task_follows_the_protocol(lm_eval_path: Path) -> None:
     assert set(tasks) == {t for b in load() if b.runnable and b.harness == "lm_eval" for t in b.tasks.values()}
     assert tasks["apertus_aime24_think"]["repeats"] == 8 and tasks["apertus_minerva_math500_think"]["repeats"] == 4
     assert tasks["apertus_humaneval_instruct_think"]["repeats"] == 4 and tasks["apertus_ifeval"]["repeats"] == 1
+
+
+def _leaf(folder: Path, name: str) -> Path:
+    """The first task of a derived task or group (the members of a group share their setting)."""
+    path = folder / f"{name}.yaml"
+    cfg = _yaml(path)
+    return _leaf(folder, cfg["task"][0]) if "group" in cfg else path
+
+
+def test_every_number_pairs_the_shots_of_the_derived_task(lm_eval_path: Path) -> None:
+    """Like for like, by the task definition itself: each derived task's shots (its config with
+    upstream's includes resolved) against the cited table's, and its metric, categories and thinking
+    mode (the catalogue's check); a number for another protocol says why and shows no difference."""
+    catalogue, checked = by_id(), 0
+    for path in lm_eval_path.glob("*.yaml"):  # no group is its own member (MMLU's flan CoT "stem" once was)
+        cfg = _yaml(path)
+        assert "group" not in cfg or cfg["group"] not in cfg["task"], path.name
+    for name, info in manifest("lm_eval")["tasks"].items():
+        b, mode = catalogue[info["benchmark"]], info["mode"]
+        shots = int(_resolved(_leaf(lm_eval_path, name)).get("num_fewshot") or 0)
+        for row in b.rows:
+            ref = row.reference.get(mode)
+            if ref is not None:
+                assert bool(mismatches(b, mode, ref, shots=shots)) == bool(ref.unlike), (name, ref.cite(), shots)
+                checked += 1
+    assert checked > 80
+    # the base suite's variants: upstream's prompt and shots, no protocol class, no chat settings
+    bbh = _yaml(_leaf(lm_eval_path, "apertus_bbh_base"))
+    assert "class" not in bbh and "generation_kwargs" not in bbh and _resolved(_leaf(lm_eval_path, "apertus_bbh_base"))[
+        "num_fewshot"] == 3
+    assert manifest("lm_eval")["tasks"]["apertus_bbh_base"]["kind"] == "base"
+
+
+def test_global_mmlu_is_generated_and_its_letter_read(lm_eval_path: Path) -> None:
+    """Global-MMLU as the report scores it: generated (not log-likelihood), the answer letter read
+    from the reply and compared by exact match; the groups average that metric."""
+    from lm_eval.filters.extraction import RegexFilter
+
+    leaf = _resolved(_leaf(lm_eval_path, "apertus_global_mmlu"))
+    assert leaf["output_type"] == "generate_until" and leaf.get("doc_to_choice") is None
+    assert [m["metric"] for m in leaf["metric_list"]] == ["exact_match"]
+    group = _yaml(lm_eval_path / "apertus_global_mmlu_en.yaml")
+    assert group["aggregate_metric_list"] == [{"metric": "exact_match", "aggregation": "mean",
+                                               "weight_by_size": False, "filter_list": ["letter"]}]
+    regex = leaf["filter_list"][0]["filter"][0]["regex_pattern"]
+    replies = ["B", "B.", "(C) because", "The answer is D.", "Answer: **A**", "**C**", "I think it is neither"]
+    got = RegexFilter(regex_pattern=regex, group_select=0).apply([[r] for r in replies], [{}] * len(replies))
+    assert [g[0] for g in got] == ["B", "B", "C", "D", "A", "C", "[invalid]"]
 
 
 def test_no_upstream_config_is_copied(lm_eval_path: Path) -> None:

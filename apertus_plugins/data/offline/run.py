@@ -32,15 +32,15 @@ merged bytes depend only on the plan, so they equal those of an uninterrupted ru
 count, local or on Ray. No process holds the plan whole: the driver holds a table with a row per
 shard, and each task reads only its own slice.
 
+Planning is :class:`.planner.Planner`; each task is a step of :mod:`.steps` run by :mod:`.worker`.
 A bad item costs only itself: whatever one item raises while it is planned, decoded, encoded or
-made a document skips that item (:mod:`.worker`), recorded in its shard's summary or its batch's
+made a document skips that item, recorded in its shard's summary or its batch's
 record, so a resumed run does not try it again. :class:`BadFraction` stops a run whose inputs are
 mostly broken (``--max-bad-fraction``), with a report of what was skipped so far.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import fcntl
 import hashlib
@@ -53,16 +53,16 @@ from collections.abc import Iterator
 from dataclasses import asdict, replace
 from typing import Any
 
-import numpy as np
-
 from apertus_plugins.data.offline import storage
 
-from .config import TokenizeConfig, canonical_json
+from .config import TokenizeConfig
 from .execute import Executor, RunError, make_executor
-from .plan import PLAN_FORMAT, PLAN_VERSION, BatchRef, Layout, part_windows
+from .faults import fault_point, peak_rss_mb
+from .plan import BatchRef, Layout, Plan
+from .planner import PlanInfo, Planner, diff, listing_lines
 from .progress import Progress, Skipped, bar
-from .sources import list_shards
-from .worker import count_lines, fault_point, megatron_builder, merge_part, peak_rss_mb, plan_part, plan_shard
+from .steps.merge import concatenate
+from .worker import merge_part
 
 __all__ = ["REPORT_FORMAT", "RunError", "tokenize", "format_report"]
 
@@ -89,233 +89,36 @@ def _lock(work: str) -> Iterator[None]:
         fh.close()
 
 
-def _diff(a: Any, b: Any, path: str = "") -> list[str]:
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = []
-        for k in sorted(set(a) | set(b)):
-            out += _diff(a.get(k), b.get(k), f"{path}.{k}" if path else k)
-        return out
-    return [] if a == b else [path]
-
-
-def _check_settings(found: dict[str, Any], cfg: TokenizeConfig, where: str) -> None:
-    keys = _diff(found, cfg.fingerprint())
-    if keys:
-        raise RunError(f"{where} was made with other settings ({', '.join(keys[:6])} differ); run with the same "
-                       "settings to resume it, or pass --restart to discard it")
-
-
 def _memory_check(cfg: TokenizeConfig) -> None:
     urls = [*cfg.sources, cfg.out, cfg.work]
     if any(storage.protocol(u) == "memory" for u in urls) and (cfg.workers or cfg.ray_address):
         raise RunError("memory:// is a filesystem inside one process: run with --workers 0")
 
 
-# ---------------------------------------------------------------------- listing
-def _listing_lines(cfg: TokenizeConfig) -> Iterator[bytes]:
-    for spec in list_shards(cfg.kind, cfg.sources, cfg.plan_files, cfg.plan_bytes):
-        yield (canonical_json(spec) + "\n").encode("utf-8")
-
-
-def _list(cfg: TokenizeConfig, layout: Layout) -> dict[str, Any]:
-    """The planning shards of the inputs (``plan/shards.jsonl``), or a check that an earlier listing still holds."""
-    if storage.isfile(layout.listing):
-        listing = storage.read_json(layout.listing)
-        _check_settings(listing["fingerprint"], cfg, layout.listing)
-        digest = hashlib.sha256()
-        with storage.open_read(layout.shards) as fh:
-            old = iter(fh)
-            for n, line in enumerate(_listing_lines(cfg)):
-                digest.update(line)
-                before = next(old, b"")
-                if line != before:
-                    raise RunError(f"the inputs changed since {layout.listing} was made (planning shard {n}: "
-                                   f"{_first_change(before, line)}); pass --restart to plan again")
-            if next(old, None) is not None:
-                raise RunError(f"the inputs changed since {layout.listing} was made (fewer files now); pass "
-                               "--restart to plan again")
-        return {**listing, "resumed": True}
-    for sub in ("plan", "shards", "records", "merged"):  # leftovers without a listing cannot be trusted
-        storage.remove(layout.path(sub), recursive=True)
-    storage.remove(layout.plan)
-    digest = hashlib.sha256()
-    shards = files = 0
-    with bar(cfg.progress, desc="list", unit=" shard") as b, storage.AtomicWriter(layout.shards) as out:
-        for line in _listing_lines(cfg):
-            out.write(line)
-            digest.update(line)
-            shards += 1
-            spec = json.loads(line)
-            files += len(spec["files"]) if spec["kind"] == "files" else 1
-            b.update(1)
-    listing = {"fingerprint": cfg.fingerprint(), "shards": shards, "files": files, "sha256": digest.hexdigest()}
-    storage.write_json(layout.listing, listing)
-    return {**listing, "resumed": False}
-
-
-def _first_change(before: bytes, now: bytes) -> str:
-    """The first file whose listing entry differs between two versions of a shard spec."""
-    try:
-        a, b = json.loads(before), json.loads(now)
-    except ValueError:
-        return "its listing differs"
-    fa = a.get("files") or [[a.get("path"), a.get("name"), a.get("stamp")]]
-    fb = b.get("files") or [[b.get("path"), b.get("name"), b.get("stamp")]]
-    for x, y in zip(fa, fb, strict=False):
-        if x != y:
-            return f"e.g. {x[1] if x else y[1]} changed"
-    return f"e.g. {(fa or fb)[-1][1]} was added or removed"
-
-
 # ---------------------------------------------------------------------- planning
 def _plan(cfg: TokenizeConfig, layout: Layout, ex: Executor) -> tuple[dict[str, Any], dict[str, Any]]:
-    t0 = time.perf_counter()
-    listing = _list(cfg, layout)
-    if storage.isfile(layout.plan):
-        plan = storage.read_json(layout.plan)
-        if plan.get("format") != PLAN_FORMAT or plan.get("version") != PLAN_VERSION:
-            raise RunError(f"{layout.plan}: not a version-{PLAN_VERSION} {PLAN_FORMAT} file; pass --restart")
-        _check_settings(plan["fingerprint"], cfg, layout.plan)
-        _check_referenced(plan["referenced"], layout.plan)
-        info = {"plan_s": time.perf_counter() - t0, "plan_resumed": True, "shards_resumed": plan["shards"],
-                "peak_rss_mb": 0.0}
-        return plan, info
-    n = listing["shards"]
-    counts = [0] * n
-    media: Counter[str] = Counter()
-    skipped = Skipped()
-    referenced: dict[str, list[Any]] = {}
-    resumed = 0
-    rss = 0.0
-    planned = 0
-
-    # JSONL files cut into several ranges: the lines before each range (a range's names need them)
-    splits: dict[str, list[int]] = {}
-    starts_todo = []
-    for s, spec in enumerate(layout.iter_shards()):
-        if spec["kind"] == "jsonl" and spec["parts"] > 1 and not storage.isfile(layout.scan_summary(s)):
-            starts_todo.append(spec["path"])
-    if starts_todo:
-        wanted = set(starts_todo)
-        calls = [((spec["path"], spec["part"]), (spec["path"], *spec["range"])) for spec in layout.iter_shards()
-                 if spec["kind"] == "jsonl" and spec["path"] in wanted and spec["part"] < spec["parts"] - 1]
-
-        def got_lines(key: tuple[str, int], lines: int) -> None:
-            path, part = key
-            splits.setdefault(path, [0] * (part + 1))
-            while len(splits[path]) <= part:
-                splits[path].append(0)
-            splits[path][part] = lines
-
-        ex.map(count_lines, calls, got_lines, "counting the lines of")
-
-    with bar(cfg.progress, desc="plan", unit=" shard", total=n) as b:
-        t_scan = time.perf_counter()
-        skipped.bar = b
-
-        def scanned(s: int, summary: dict[str, Any]) -> None:
-            nonlocal resumed, rss, planned
-            counts[s] = summary["items"]
-            planned += summary["items"]
-            media.update(summary["media"])
-            skipped.add(summary["skipped"])
-            for r in summary["referenced"]:
-                referenced.setdefault(r[0], r)
-            rss = max(rss, summary["worker"]["peak_rss_mb"])
-            b.update(1)
-            b.set_postfix_str(f"{planned:,} items, {planned / max(time.perf_counter() - t_scan, 1e-9):,.0f} items/s, "
-                              f"{skipped.total:,} skipped", refresh=False)
-
-        # a finished shard keeps its summary: read it here rather than sending a task
-        def todo() -> Iterator[tuple[int, tuple[Any, ...]]]:
-            nonlocal resumed
-            for s, spec in enumerate(layout.iter_shards()):
-                if storage.isfile(layout.scan_summary(s)):
-                    resumed += 1
-                    scanned(s, storage.read_json(layout.scan_summary(s)))
-                    continue
-                if spec["kind"] == "jsonl" and spec["part"]:
-                    spec = dict(spec, first_line=1 + sum(splits[spec["path"]][: spec["part"]]))
-                yield s, (layout.work, s, spec)
-
-        ex.map(plan_shard, todo(), scanned, "planning shard")
-    scan_s = time.perf_counter() - t_scan
-    if cfg.checkpoint is None and media:
-        raise RunError(f"the inputs hold {' and '.join(sorted(media))} items: pass --checkpoint DIR (the media "
-                       "encoders)")
-    starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()
-    total = starts[-1]
-
-    def part_args(p: int) -> tuple[Any, ...]:
-        if cfg.kind == "sft":
-            return layout.work, p, [[p, starts[p], counts[p]]], None
-        window = part_windows(starts[p], counts[p], total, cfg.window)
-        if window is None:
-            return layout.work, p, [], None
-        lo, hi = window
-        first = bisect.bisect_right(starts, lo) - 1
-        shards = [[s, starts[s], counts[s]] for s in range(first, n) if starts[s] < hi and counts[s]]
-        return layout.work, p, shards, list(window)
-
-    parts: list[list[int]] = [[0, 0, 0] for _ in range(n)]
-    with bar(cfg.progress, desc="batch", unit=" part", total=n) as b:
-        def batched(p: int, summary: dict[str, Any]) -> None:
-            nonlocal rss
-            parts[p] = [0, summary["batches"], summary["items"]]
-            rss = max(rss, summary["worker"]["peak_rss_mb"])
-            b.update(1)
-
-        def todo_parts() -> Iterator[tuple[int, tuple[Any, ...]]]:
-            for p in range(n):
-                if storage.isfile(layout.part_summary(p)):
-                    batched(p, storage.read_json(layout.part_summary(p)))
-                else:
-                    yield p, part_args(p)
-
-        ex.map(plan_part, todo_parts(), batched, "batching part")
-    first = 0
-    for row in parts:
-        row[0] = first
-        first += row[1]
-    if sum(row[2] for row in parts) != total:
-        raise RunError(f"{layout.work}: the plan's parts hold {sum(row[2] for row in parts)} items, the scan found "
-                       f"{total}; pass --restart")
-    plan = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "fingerprint": cfg.fingerprint(), "kind": cfg.kind,
-            "shards": n, "files": listing["files"], "listing_sha256": listing["sha256"], "total_items": total,
-            "plan_skipped": skipped.total, "plan_skipped_by_reason": dict(sorted(skipped.counts.items())),
-            "plan_skipped_latest": list(skipped.latest), "media": dict(sorted(media.items())), "batches": first,
-            "parts": parts, "referenced": list(referenced.values())}
-    storage.write_json(layout.plan, plan)
-    info = {"plan_s": time.perf_counter() - t0, "plan_resumed": False, "shards_resumed": resumed,
-            "scan_s": round(scan_s, 3), "scan_items_per_s": round(total / scan_s, 1) if scan_s > 0 else 0.0,
-            "peak_rss_mb": rss}
-    return plan, info
+    """The plan as ``plan.json`` holds it and what planning cost, as dicts (see :class:`.planner.Planner`)."""
+    plan, info = Planner(cfg, layout, ex).run()
+    return plan.to_json(), asdict(info)
 
 
-def _plan_summary(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], info: dict[str, Any],
+def _plan_summary(cfg: TokenizeConfig, layout: Layout, plan: Plan, info: PlanInfo,
                   out: Any) -> dict[str, Any]:
     """``--plan-only``: what the plan holds and what planning cost (printed and returned)."""
     skipped = Counter[str]()
-    for s in range(plan["shards"]):
+    for s in range(plan.shards):
         skipped.update(k["reason"] for k in storage.read_json(layout.scan_summary(s))["skipped"])
-    summary = {"work": cfg.work, "shards": plan["shards"], "files": plan["files"], "items": plan["total_items"],
-               "batches": plan["batches"], "parts": sum(1 for _f, n, _i in plan["parts"] if n),
-               "media": plan["media"], "skipped_by_reason": dict(sorted(skipped.items())),
-               "plan_s": round(info["plan_s"], 3), "plan_resumed": info["plan_resumed"],
-               "scan_items_per_s": info.get("scan_items_per_s"),
-               "peak_rss_mb": {"driver": peak_rss_mb(), "planning": info["peak_rss_mb"]}}
+    summary = {"work": cfg.work, "shards": plan.shards, "files": plan.files, "items": plan.total_items,
+               "batches": plan.batches, "parts": sum(1 for _f, n, _i in plan.parts if n),
+               "media": plan.media, "skipped_by_reason": dict(sorted(skipped.items())),
+               "plan_s": round(info.plan_s, 3), "plan_resumed": info.plan_resumed,
+               "scan_items_per_s": info.scan_items_per_s,
+               "peak_rss_mb": {"driver": peak_rss_mb(), "planning": info.peak_rss_mb}}
     storage.write_json(layout.path("plan-summary.json"), summary)
     print(f"planned {summary['items']:,} items from {summary['files']:,} files in {summary['shards']:,} shards: "
           f"{summary['batches']:,} batches in {summary['parts']:,} parts, {sum(skipped.values()):,} skipped; "
           f"{summary['plan_s']:.1f} s; the plan is in {cfg.work}", file=out)
     return summary
-
-
-def _check_referenced(referenced: list[list[Any]], where: str) -> None:
-    """Media files named by conversations: each still has the size and stamp the plan saw."""
-    for path, *old in referenced:
-        if storage.stamp(path) != old:
-            raise RunError(f"1 input file changed since {where} was made (e.g. {path}); pass --restart to plan again")
 
 
 # ---------------------------------------------------------------------- encoding
@@ -368,17 +171,17 @@ class StopRun(RunError):
         self.why = why
 
 
-def _plan_skips(layout: Layout, plan: dict[str, Any]) -> Skipped:
+def _plan_skips(layout: Layout, plan: Plan) -> Skipped:
     """The plan stage's skipped items (from plan.json, or from the scan summaries of an older plan)."""
-    if "plan_skipped_by_reason" in plan:
-        return Skipped(counts=plan["plan_skipped_by_reason"], latest=plan.get("plan_skipped_latest", ()))
+    if plan.plan_skipped_by_reason is not None:
+        return Skipped(counts=plan.plan_skipped_by_reason, latest=plan.plan_skipped_latest)
     out = Skipped()
-    for s in range(plan["shards"]):
+    for s in range(plan.shards):
         out.add(storage.read_json(layout.scan_summary(s))["skipped"])
     return out
 
 
-def _encode(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], ex: Executor) -> dict[str, Any]:
+def _encode(cfg: TokenizeConfig, layout: Layout, plan: Plan, ex: Executor) -> dict[str, Any]:
     if storage.is_local(layout.work):  # a batch killed mid-write leaves temporary files: never trusted
         shards = storage.local_path(layout.path("shards"))
         for root, _dirs, names in os.walk(shards):
@@ -386,10 +189,10 @@ def _encode(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], ex: Execu
                 if ".tmp" in name:
                     os.unlink(os.path.join(root, name))
     skipped = _plan_skips(layout, plan)
-    budget = BadFraction(cfg.max_bad_fraction, plan["total_items"], plan["plan_skipped"])
+    budget = BadFraction(cfg.max_bad_fraction, plan.total_items, plan.plan_skipped)
     done_items = done_batches = 0
     todo_parts = []
-    for p, (_first, n, _items) in enumerate(plan["parts"]):
+    for p, (_first, n, _items) in enumerate(plan.parts):
         if not n:
             continue
         done = _done_batches(layout, p)
@@ -407,7 +210,7 @@ def _encode(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], ex: Execu
 
     def refs() -> Iterator[BatchRef]:
         for p in todo_parts:
-            first, n, _items = plan["parts"][p]
+            first, n, _items = plan.parts[p]
             lines = storage.read_json(layout.part_summary(p))["lines"]
             done = _done_batches(layout, p)
             for k in range(n):
@@ -415,7 +218,7 @@ def _encode(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], ex: Execu
                     off, length, items = lines[k]
                     yield BatchRef(first + k, p, k, off, length, items)
 
-    progress = Progress(layout.progress, plan["total_items"], done_items, ex.encoders, cfg.progress, skipped)
+    progress = Progress(layout.progress, plan.total_items, done_items, ex.encoders, cfg.progress, skipped)
     devices: set[str] = set()
     rss = {"decode": 0.0, "encode": 0.0}
     new = 0
@@ -437,7 +240,7 @@ def _encode(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], ex: Execu
 
     t0 = time.perf_counter()
     try:
-        ex.batches(layout.work, refs(), on_done, encode=bool(plan["media"]))
+        ex.batches(layout.work, refs(), on_done, encode=bool(plan.media))
     finally:
         stats = progress.close()
     return {"encode_s": time.perf_counter() - t0, "batches_resumed": done_batches, "batches_run": new,
@@ -445,9 +248,9 @@ def _encode(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], ex: Execu
 
 
 # ---------------------------------------------------------------------- merge
-def _merge_parts(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], ex: Executor) -> dict[str, Any]:
+def _merge_parts(cfg: TokenizeConfig, layout: Layout, plan: Plan, ex: Executor) -> dict[str, Any]:
     """Every part's batch shards merged by its own task; the sums of their records."""
-    calls = [(p, (layout.work, p, first, n)) for p, (first, n, _i) in enumerate(plan["parts"]) if n]
+    calls = [(p, (layout.work, p, first, n)) for p, (first, n, _i) in enumerate(plan.parts) if n]
     summaries: dict[int, dict[str, Any]] = {}
     resumed = sum(1 for p, _a in calls if storage.isfile(layout.merged_record(p)))
     with bar(cfg.progress, desc="merge", unit=" part", total=len(calls)) as b:
@@ -461,43 +264,28 @@ def _merge_parts(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], ex: 
 
 
 def _concat(cfg: TokenizeConfig, layout: Layout, parts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """``single``: the merged parts, in plan order, into one dataset per stream; their manifest entries."""
-    import shutil
-    import tempfile
-
+    """``single``: the merged parts, in plan order, into one dataset per stream (:func:`.steps.concatenate`,
+    the merge path of the parts too); the manifest entries of the outputs that are not local."""
     from apertus_plugins.data.manifest import describe_dataset
 
-    builder_cls = megatron_builder()
-    written = [s["part"] for s in parts if s["documents"]]
-    docs = sum(s["documents"] for s in parts)
+    written = [s for s in parts if s["documents"]]
     entries: dict[str, dict[str, Any]] = {}
-    tmp_dir = tempfile.mkdtemp(prefix="apertus-out-")
-    try:
-        with bar(cfg.progress, desc="write", unit=" doc", total=docs * len(cfg.streams())) as b:
-            for n, stream in enumerate(cfg.streams()):
-                final = cfg.prefix(stream)
-                local = storage.is_local(final)
-                target = f"{storage.local_path(final)}.tmp" if local else os.path.join(tmp_dir, f"out{n}")
-                if local:
-                    os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-                builder = builder_cls(f"{target}.bin", dtype=np.dtype(stream.dtype).type)
-                merged = [layout.merged_prefix(p, stream.suffix) for p in written]
-                with storage.local_copy([f"{m}{e}" for m in merged for e in (".bin", ".idx")]) as paths:
-                    for k, p in enumerate(written):
-                        builder.add_index(paths[2 * k][: -len(".bin")])
-                        b.update(next(s["documents"] for s in parts if s["part"] == p))
-                        if n == 0:
-                            fault_point("merge-mid", k + 1)
-                builder.finalize(f"{target}.idx")
-                for ext in (".bin", ".idx"):
-                    with open(f"{target}{ext}", "rb") as fh:
-                        os.fsync(fh.fileno())
-                if not local:
+    total = sum(s["documents"] for s in parts) * len(cfg.streams())
+    with bar(cfg.progress, desc="write", unit=" doc", total=total) as b:
+        for n, stream in enumerate(cfg.streams()):
+            final = cfg.prefix(stream)
+
+            def added(k: int, first: bool = n == 0) -> None:
+                b.update(written[k]["documents"])
+                if first:
+                    fault_point("merge-mid", k + 1)
+
+            def inspect(target: str, final: str = final) -> None:
+                if not storage.is_local(final):
                     entries[final] = dict(describe_dataset(target), prefix=final)
-                for ext in (".bin", ".idx"):
-                    storage.upload(f"{target}{ext}", f"{final}{ext}")
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+            concatenate([layout.merged_prefix(s["part"], stream.suffix) for s in written], final, stream.dtype,
+                         added=added, inspect=inspect)
     return entries
 
 
@@ -589,12 +377,12 @@ def _metadata(cfg: TokenizeConfig, stream_suffix: str, spec: Any) -> dict[str, A
 
 
 # ---------------------------------------------------------------------- report
-def _report(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], parts: list[dict[str, Any]], spec: Any,
+def _report(cfg: TokenizeConfig, layout: Layout, plan: Plan, parts: list[dict[str, Any]], spec: Any,
             timing: dict[str, Any]) -> dict[str, Any]:
     from apertus_plugins.plugins import serving_layout
 
     skipped: list[dict[str, Any]] = []
-    for s in range(plan["shards"]):
+    for s in range(plan.shards):
         skipped.extend(storage.read_json(layout.scan_summary(s))["skipped"])
     for part in parts:
         skipped.extend(part["skipped"])
@@ -627,7 +415,7 @@ def _report(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], parts: li
         "status": "complete",
         "kind": cfg.kind,
         "outputs": outputs,
-        "items": {"total": plan["total_items"] + plan["plan_skipped"], "written": written, "skipped": len(skipped)},
+        "items": {"total": plan.total_items + plan.plan_skipped, "written": written, "skipped": len(skipped)},
         "skipped_by_reason": dict(sorted(Counter(s["reason"] for s in skipped).items())),
         "skipped": skipped,
         "tokens": outputs[cfg.prefix(cfg.streams()[0])].get("tokens", {}),
@@ -635,20 +423,20 @@ def _report(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], parts: li
         "image_layout": cfg.image_layout,
         "layout_note": note,
         "run": timing,
-        "fingerprint": plan["fingerprint"],
-        "inputs": {"shards": plan["shards"], "files": plan["files"], "listing_sha256": plan["listing_sha256"],
-                   "referenced": plan["referenced"]},
+        "fingerprint": plan.fingerprint,
+        "inputs": {"shards": plan.shards, "files": plan.files, "listing_sha256": plan.listing_sha256,
+                   "referenced": plan.referenced},
     }
 
 
-def _stopped(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], why: str) -> dict[str, Any]:
+def _stopped(cfg: TokenizeConfig, layout: Layout, plan: Plan, why: str) -> dict[str, Any]:
     """The report of a run stopped on ``--max-bad-fraction`` (written to ``OUT.report.json``): every item
     skipped so far, by name, with the counts; no outputs."""
     skipped: list[dict[str, Any]] = []
-    for s in range(plan["shards"]):
+    for s in range(plan.shards):
         skipped.extend(storage.read_json(layout.scan_summary(s))["skipped"])
     processed = written = 0
-    for p, (_first, n, _items) in enumerate(plan["parts"]):
+    for p, (_first, n, _items) in enumerate(plan.parts):
         for b in sorted(_done_batches(layout, p)) if n else ():
             record = storage.read_json(layout.record(p, b))
             skipped.extend(record["skipped"])
@@ -661,13 +449,13 @@ def _stopped(cfg: TokenizeConfig, layout: Layout, plan: dict[str, Any], why: str
         "stopped": {"why": why, "max_bad_fraction": cfg.max_bad_fraction},
         "kind": cfg.kind,
         "outputs": {},
-        "items": {"total": plan["total_items"] + plan["plan_skipped"], "encoded": written, "skipped": len(skipped),
-                  "not_processed": plan["total_items"] - processed},
+        "items": {"total": plan.total_items + plan.plan_skipped, "encoded": written, "skipped": len(skipped),
+                  "not_processed": plan.total_items - processed},
         "skipped_by_reason": dict(sorted(Counter(s["reason"] for s in skipped).items())),
         "skipped": skipped,
-        "fingerprint": plan["fingerprint"],
-        "inputs": {"shards": plan["shards"], "files": plan["files"], "listing_sha256": plan["listing_sha256"],
-                   "referenced": plan["referenced"]},
+        "fingerprint": plan.fingerprint,
+        "inputs": {"shards": plan.shards, "files": plan.files, "listing_sha256": plan.listing_sha256,
+                   "referenced": plan.referenced},
     }
     storage.write_json(cfg.report_path, report)
     return report
@@ -748,7 +536,7 @@ def _complete(cfg: TokenizeConfig) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     if report.get("format") != REPORT_FORMAT or report.get("version") != REPORT_VERSION or \
-            _diff(report.get("fingerprint"), cfg.fingerprint()):
+            diff(report.get("fingerprint"), cfg.fingerprint()):
         if any(storage.exists(f"{cfg.prefix(s)}.bin") for s in cfg.streams()) and not cfg.restart:
             raise RunError(f"{cfg.out}: exists from a run with other settings or inputs; pass --restart to "
                            "replace it")
@@ -757,7 +545,7 @@ def _complete(cfg: TokenizeConfig) -> dict[str, Any] | None:
         return None
     inputs = report.get("inputs", {})
     digest = hashlib.sha256()
-    for line in _listing_lines(cfg):
+    for line in listing_lines(cfg):
         digest.update(line)
     changed = digest.hexdigest() != inputs.get("listing_sha256") or \
         any(storage.stamp(path) != old for path, *old in inputs.get("referenced", []))
@@ -799,7 +587,7 @@ def tokenize(cfg: TokenizeConfig, out: Any = None) -> dict[str, Any]:
             if cfg.precision == "tf32" and not device.startswith("cuda"):
                 raise RunError(f"--precision tf32 needs a CUDA device; --device {cfg.device} gives {device}")
             storage.write_json(layout.config, asdict(replace(cfg, device=device)))
-            plan, plan_info = _plan(cfg, layout, ex)
+            plan, plan_info = Planner(cfg, layout, ex).run()
             if cfg.plan_only:
                 return _plan_summary(cfg, layout, plan, plan_info, out)
             try:
@@ -822,19 +610,19 @@ def tokenize(cfg: TokenizeConfig, out: Any = None) -> dict[str, Any]:
         _manifests(cfg, spec, parts, remote)
         stats = enc["progress"]
         timing = {
-            "plan_s": round(plan_info["plan_s"], 3), "encode_s": round(enc["encode_s"], 3), "merge_s": round(merge_s, 3),
+            "plan_s": round(plan_info.plan_s, 3), "encode_s": round(enc["encode_s"], 3), "merge_s": round(merge_s, 3),
             "items_per_s": stats["items_per_s"],
-            "batches": plan["batches"], "batches_resumed": enc["batches_resumed"],
-            "plan_resumed": plan_info["plan_resumed"], "shards": plan["shards"],
-            "shards_resumed": plan_info["shards_resumed"], "parts_resumed": merged["parts_resumed"],
-            "scan_items_per_s": plan_info.get("scan_items_per_s"),
+            "batches": plan.batches, "batches_resumed": enc["batches_resumed"],
+            "plan_resumed": plan_info.plan_resumed, "shards": plan.shards,
+            "shards_resumed": plan_info.shards_resumed, "parts_resumed": merged["parts_resumed"],
+            "scan_items_per_s": plan_info.scan_items_per_s,
             "workers": 0 if cfg.ray_address else cfg.workers, "ray_address": cfg.ray_address,
             "encoders": ex.encoders, "device": enc["devices"][0] if len(enc["devices"]) == 1 else enc["devices"],
             "encoder_utilisation": stats["encoder_utilisation"],
             "encoder_share_of_stage": stats["encoder_share_of_stage"],
             "encoder_share_of_batch_time": stats["encoder_share_of_batch_time"], "merge": cfg.merge,
             "media_cache": stats.get("media_cache"),
-            "peak_rss_mb": {"driver": peak_rss_mb(), "planning": plan_info["peak_rss_mb"],
+            "peak_rss_mb": {"driver": peak_rss_mb(), "planning": plan_info.peak_rss_mb,
                             "decoding": enc["peak_rss_mb"]["decode"], "encoding": enc["peak_rss_mb"]["encode"],
                             "merging": max([p["peak_rss_mb"] for p in parts], default=0.0)},
             "progress": stats,
