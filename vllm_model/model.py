@@ -26,6 +26,13 @@ The persistent media-code cache (:mod:`apertus_plugins.encoders.cache`): with
 by its content and the encoder's weights, encodes only the misses (batched by shape) and stores
 them, so a picture served before (by this server, another one or ``apertus tokenize``) costs no
 encoder time. Hits and misses are logged every :data:`CACHE_LOG_EVERY` items.
+
+EAGLE-3 (``--speculative-config '{"model": HEAD, "num_speculative_tokens": 3}'`` with a head in the
+``speculators`` format, or ``"method": "eagle3"``): the decoder hands out the hidden states of the
+auxiliary layers the head's config names (``eagle_aux_hidden_state_layer_ids``; else vLLM's default
+``(2, L // 2, L - 3)``), and the head drafts with the target's embedding (the whole vocabulary) and,
+where it has none of its own, the target's text head. A head whose vocabulary, hidden size or layers do not
+fit the served checkpoint is refused when the server starts (:func:`check_eagle3_head`).
 """
 
 from __future__ import annotations
@@ -43,13 +50,19 @@ from vllm.model_executor.layers.activation import XIELU
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 from vllm.model_executor.models.apertus import ApertusModel
-from vllm.model_executor.models.interfaces import MultiModalEmbeddings, SupportsLoRA, SupportsMultiModal, SupportsPP
+from vllm.model_executor.models.interfaces import (
+    MultiModalEmbeddings,
+    SupportsEagle3,
+    SupportsLoRA,
+    SupportsMultiModal,
+    SupportsPP,
+)
 from vllm.model_executor.models.module_mapping import MultiModelKeys
 from vllm.model_executor.models.utils import AutoWeightsLoader, WeightsMapper, maybe_prefix
 from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.sequence import IntermediateTensors
 
-from apertus_plugins.core.tensor_names import AUDIO_PREFIX, LANGUAGE_MODEL_PREFIX, VISION_PREFIX
+from apertus_plugins.core.tensor_names import AUDIO_PREFIX, EMBEDDING, LANGUAGE_MODEL_PREFIX, LM_HEAD, VISION_PREFIX
 from apertus_plugins.encoders import (
     AudioTokenizer,
     AudioTokenizerConfig,
@@ -63,7 +76,8 @@ from .eager import refresh_eager_layers, use_eager_layers
 from .logs import get_logger
 from .processing import Apertus1p5DummyInputsBuilder, Apertus1p5MultiModalProcessor, Apertus1p5ProcessingInfo
 
-__all__ = ["Apertus1p5ForConditionalGeneration", "CODES_LOG_ENV", "CACHE_LOG_EVERY", "DRAFT_PREFIX"]
+__all__ = ["Apertus1p5ForConditionalGeneration", "CODES_LOG_ENV", "CACHE_LOG_EVERY", "DRAFT_PREFIX",
+           "check_eagle3_head", "check_vocabulary"]
 
 logger = get_logger(__name__)  # under vLLM's `vllm` logger: shown by `vllm serve`
 
@@ -75,6 +89,46 @@ CACHE_LOG_EVERY = 100
 DRAFT_PREFIX = "draft_model"
 
 
+def check_eagle3_head(head: object, text_config: object) -> None:
+    """Raise ``ValueError`` naming the mismatch unless an EAGLE-3 head's config fits the target's text config.
+
+    The head embeds with the target's embedding (every id of the vocabulary), reads the hidden states
+    of ``eagle_aux_hidden_state_layer_ids`` (layer indices of the target; vLLM's default when absent)
+    and proposes ids below the target's text vocabulary.
+    """
+    vocab, hidden = int(text_config.vocab_size), int(text_config.hidden_size)
+    layers = int(text_config.num_hidden_layers)
+    text_ids = int(getattr(text_config, "output_vocab_size", None) or vocab)
+    problems = []
+    if int(getattr(head, "vocab_size", vocab)) != vocab:
+        problems.append(f"vocab_size {head.vocab_size} != the target's {vocab}")  # type: ignore[attr-defined]
+    target_hidden = getattr(head, "target_hidden_size", None) or getattr(head, "hidden_size", hidden)
+    if int(target_hidden) != hidden:
+        problems.append(f"target_hidden_size {target_hidden} != the target's hidden size {hidden}")
+    draft_vocab = getattr(head, "draft_vocab_size", None)
+    if draft_vocab is not None and not 0 < int(draft_vocab) <= text_ids:
+        problems.append(f"draft_vocab_size {draft_vocab} is not within the target's {text_ids} text ids")
+    eagle = getattr(head, "eagle_config", None) or {}
+    ids = getattr(head, "eagle_aux_hidden_state_layer_ids", None) or eagle.get("eagle_aux_hidden_state_layer_ids")
+    ids = [int(i) for i in ids or ()]
+    if any(not 0 <= i <= layers for i in ids) or len(set(ids)) != len(ids):
+        # id k is the residual stream after k decoder layers (0: the embeddings); vLLM keeps each id once
+        problems.append(f"eagle_aux_hidden_state_layer_ids {ids} are not distinct layers within 0..{layers}")
+    if problems:
+        raise ValueError("the EAGLE-3 head does not fit this Apertus 1.5 checkpoint: " + "; ".join(problems))
+
+
+def check_vocabulary(name: str, tensor: torch.Tensor, rows: int, hidden: int) -> None:
+    """Raise ``ValueError`` unless a checkpoint's embedding or head tensor has ``rows`` rows (of ``hidden``
+    values where it is not packed by a quantization): a quantized or converted checkpoint whose
+    vocabulary or layout is not its config's is refused naming the tensor, before any weight is loaded."""
+    shape = list(tensor.shape)
+    packed = not tensor.is_floating_point()  # int8/fp4 storage may pack several values per element
+    if len(shape) != 2 or shape[0] != rows or (not packed and shape[1] != hidden):
+        raise ValueError(f"{name} has shape {shape}, the checkpoint's config needs [{rows}, {hidden}] "
+                         "(vocabulary x hidden size): the weights do not match the config's vocabulary or layout")
+
+
 def _config_dict(config: object) -> dict:
     return config.to_dict() if hasattr(config, "to_dict") else dict(config)  # type: ignore[call-overload]
 
@@ -84,7 +138,7 @@ def _config_dict(config: object) -> dict:
     info=Apertus1p5ProcessingInfo,
     dummy_inputs=Apertus1p5DummyInputsBuilder,
 )
-class Apertus1p5ForConditionalGeneration(nn.Module, SupportsMultiModal, SupportsPP, SupportsLoRA):
+class Apertus1p5ForConditionalGeneration(nn.Module, SupportsMultiModal, SupportsPP, SupportsLoRA, SupportsEagle3):
     """Apertus 1.5: text, images and audio as tokens of one vocabulary; logits over text ids.
 
     LoRA (``vllm serve ... --enable-lora --lora-modules NAME=DIR``): adapters apply to the decoder's
@@ -159,6 +213,17 @@ class Apertus1p5ForConditionalGeneration(nn.Module, SupportsMultiModal, Supports
             # ids alone (the placeholders' own rows). The target's verification keeps the greedy tokens exact.
             self.supports_multimodal_embeddings = False
             logger.info("apertus: serving as a draft model: media drafted from their placeholder ids")
+        speculative = vllm_config.speculative_config
+        if speculative is not None and speculative.method in ("eagle", "eagle3") and \
+                prefix.split(".")[0] != DRAFT_PREFIX:
+            check_eagle3_head(speculative.draft_model_config.hf_config, text_config)
+            # vLLM's EAGLE proposers take the target's embedding from get_language_model().model.embed_tokens
+            # and its head from get_language_model().lm_head: the decoder lends both (plain attributes, not
+            # submodules: the weights stay registered once, where they are)
+            object.__setattr__(self.language_model, "model", self.language_model)
+            object.__setattr__(self.language_model, "lm_head", self.lm_head)
+            logger.info("apertus: EAGLE-3 head %s drafts from the decoder's hidden states",
+                        speculative.draft_model_config.model)
         self.media_cache = MediaCodeCache.from_env()  # APERTUS_MEDIA_CACHE; None (off) by default
         self._cache_logged = 0
         if self.media_cache is not None:
@@ -247,9 +312,17 @@ class Apertus1p5ForConditionalGeneration(nn.Module, SupportsMultiModal, Supports
         # the head scores text ids only; every other id of the vocabulary is impossible
         return nn.functional.pad(logits, (0, self.vocab_size - logits.shape[-1]), value=float("-inf"))
 
+    def _checked_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
+        hidden = int(self.config.text_config.hidden_size)
+        rows = {EMBEDDING: self.vocab_size, LM_HEAD: self.output_vocab_size}
+        for name, tensor in weights:
+            if name in rows:
+                check_vocabulary(name, tensor, rows[name], hidden)
+            yield name, tensor
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         loader = AutoWeightsLoader(self)
-        loaded = loader.load_weights(weights, mapper=self.hf_to_vllm_mapper)
+        loaded = loader.load_weights(self._checked_weights(weights), mapper=self.hf_to_vllm_mapper)
         for tokenizer in (self.vision_tokenizer, self.audio_tokenizer):
             forget_fingerprint(tokenizer)  # the media-code cache keys by the weights now loaded
         refresh_eager_layers(self.language_model)  # xIELU's activated scalars from the loaded alphas

@@ -11,7 +11,8 @@ into codes there (see :mod:`vllm_model.model`).
 
 Options (``--mm-processor-kwargs`` for the server, ``mm_processor_kwargs`` per request):
 ``image_layout`` (``"inference"``, the default, or ``"training"``), ``resize_policy``
-(``"released"``), ``audio_policy`` (``"released"``). Server options only (a request that sets
+(``"released"``), ``audio_policy`` (``"released"``), ``media_as_text`` (``true``: images whose codes
+the media-code cache holds reach the engine as token ids, :mod:`vllm_model.known_media`). Server options only (a request that sets
 one is refused): the media limits of :class:`apertus_plugins.core.media.limits.MediaLimits`
 (``max_image_pixels``, ``reduce_above_pixels``, ``min_sample_rate``, ``max_sample_rate``,
 ``max_channels``, ``max_abs_sample``), ``max_audio_seconds`` (60 on a server) and
@@ -74,6 +75,8 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "image_layout": serving_layout("image"),
     "resize_policy": "released",
     "audio_policy": "released",
+    # images whose codes the media-code cache holds reach the engine as token ids (vllm_model.known_media)
+    "media_as_text": True,
     **SERVER_OPTIONS,
 }
 #: The attribute of a PIL image that holds its preprocessed pixels, once the renderer prepared them
@@ -214,6 +217,8 @@ class Apertus1p5ProcessingInfo(BaseProcessingInfo):
         if opts["audio_policy"] not in media_audio.AUDIO_POLICIES:
             raise ValueError(f"unknown audio_policy {opts['audio_policy']!r}; policies are "
                              f"{sorted(media_audio.AUDIO_POLICIES)}")
+        if not isinstance(opts["media_as_text"], bool):
+            raise ValueError(f"media_as_text must be true or false, got {opts['media_as_text']!r}")
         _limits_of(opts)  # validated: positive finite numbers
         return opts
 

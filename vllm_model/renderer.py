@@ -28,7 +28,8 @@ before vLLM's parser would flatten them into answer text (:func:`apertus_plugins
 lift_reasoning_parts`). Images are preprocessed here, in the plugin's own thread pool, in parallel
 across requests (:func:`vllm_model.processing.prepare_image`): vLLM runs the multimodal processor
 of an API server on one thread shared by every request, so a large image processed there would
-hold up every other media request; here it delays only its own.
+hold up every other media request; here it delays only its own. With the media-code cache on, an
+image whose codes are stored reaches the engine as token ids (:mod:`vllm_model.known_media`).
 """
 
 from __future__ import annotations
@@ -106,6 +107,9 @@ class Apertus1p5Renderer(HfRenderer):
     def __init__(self, config: Any, tokenizer: Any) -> None:
         super().__init__(config, tokenizer)
         self._encode_async = make_async(self._encode, executor=self._executor)
+        from .known_media import KnownImages
+
+        self.known_images = KnownImages.start(self.model_config.model, _media_pool())
         threshold = return_freed_memory()
         logger.info("apertus: chat renderer in process %d; freed blocks above %d bytes go back to the system",
                     os.getpid(), threshold)
@@ -153,6 +157,60 @@ class Apertus1p5Renderer(HfRenderer):
             return None
         return self.mm_processor.info.options(params.mm_processor_kwargs or {})
 
+    def _known_sequences(self, mm_data: Any, params: Any) -> list[Any] | None:
+        """The ids of each image of the request whose codes are stored (``None`` per unknown image), or
+        ``None`` when none is known (or the lookup is off for this server or request)."""
+        from .known_media import OPTION, known_sequence
+        from .processing import prepared_image
+
+        known = self.known_images
+        images = (mm_data or {}).get("image")
+        if known is None or not known.ready or images is None:
+            return None
+        images = images if isinstance(images, list) else [images]
+        try:
+            options = self._media_options(params)
+        except ValueError:  # a bad option: the processor refuses the request with its message
+            return None
+        if options is None or not options[OPTION]:
+            return None
+        pixels: list[Any] = []
+        for img in images:
+            pil = getattr(img, "media", img)
+            try:
+                pixels.append(prepared_image(img, options).pixels if hasattr(pil, "size") else None)
+            except Exception:  # noqa: BLE001 - a refused image: the processor names it on the multimodal path
+                pixels.append(None)
+        info = self.mm_processor.info
+        sequences = [None if codes is None else known_sequence(codes, (pil.size[1], pil.size[0]), info, options)
+                     for codes, pil in zip(known.lookup(pixels), (getattr(i, "media", i) for i in images),
+                                           strict=True)]
+        return sequences if any(seq is not None for seq in sequences) else None
+
+    def _as_text(self, prompt: dict[str, Any], mm_data: Any, mm_uuids: Any,
+                 sequences: list[Any] | None) -> tuple[dict[str, Any], Any, Any]:
+        """Write the known images into the prompt's ids and drop them from the request's media."""
+        from .known_media import substitute_images
+
+        if sequences is None:
+            return prompt, mm_data, mm_uuids
+        spec = self.mm_processor.info.spec
+        ids = substitute_images(prompt["prompt_token_ids"], spec.id(spec.media_kind("image").placeholder), sequences)
+        if ids is None:
+            return prompt, mm_data, mm_uuids
+        keep = [k for k, seq in enumerate(sequences) if seq is None]
+
+        def kept(group: Any) -> Any:
+            out = dict(group)
+            items = out.pop("image", None)
+            if keep and items is not None:
+                items = items if isinstance(items, list) else [items]
+                out["image"] = [items[k] for k in keep]
+            return out or None
+
+        return ({**prompt, "prompt_token_ids": ids}, kept(mm_data),
+                kept(mm_uuids) if isinstance(mm_uuids, dict) else mm_uuids)
+
     def render_messages(self, messages: list[Any], params: Any) -> tuple[list[Any], dict[str, Any]]:
         try:
             conversation, mm_data, mm_uuids = parse_chat_messages(
@@ -162,7 +220,9 @@ class Apertus1p5Renderer(HfRenderer):
             raise
         except Exception as exc:  # noqa: BLE001 - an unreadable or unreachable media item is the request's
             raise _request_error("media", exc) from exc
-        return conversation, self._attach(self._encode(conversation, params), mm_data, mm_uuids)
+        prompt = self._encode(conversation, params)
+        return conversation, self._attach(*self._as_text(prompt, mm_data, mm_uuids,
+                                                          self._known_sequences(mm_data, params)))
 
     async def _prepare_media(self, mm_data: Any, params: Any) -> None:
         """Preprocess the request's images in the plugin's pool, in parallel (see the module docstring)."""
@@ -208,4 +268,8 @@ class Apertus1p5Renderer(HfRenderer):
             raise _request_error("media", exc) from exc
         await self._prepare_media(mm_data, params)
         prompt = await self._render_with_timeout(self._encode_async(conversation, params))
-        return conversation, self._attach(prompt, mm_data, mm_uuids)
+        sequences = None
+        if self.known_images is not None and mm_data:
+            sequences = await asyncio.get_running_loop().run_in_executor(
+                _media_pool(), self._known_sequences, mm_data, params)
+        return conversation, self._attach(*self._as_text(prompt, mm_data, mm_uuids, sequences))

@@ -246,6 +246,14 @@ class MediaCodeCache:
                      len(items) - len(todo), len(items), modality)
         return out  # type: ignore[return-value]
 
+    def stored(self, key: str) -> np.ndarray | None:
+        """The codes stored under ``key`` (a :func:`media_key`), or ``None``; encodes nothing, counts nothing.
+
+        Used where the encoder is elsewhere (vLLM's API server puts stored images into the prompt as ids).
+        """
+        payload = self.store.get(key)
+        return _load(payload) if payload is not None else None
+
     def stats(self) -> dict[str, int]:
         """``hits``, ``misses`` (items encoded), ``corrupt``, ``evicted``, ``stores`` of this process."""
         s = self.store.stats()
