@@ -636,15 +636,25 @@ def _lines(fh: Any, start: int, end: int) -> Iterator[tuple[int, bytes]]:
         pos += len(raw)
 
 
-def _scan_jsonl(spec: dict[str, Any], media_root: str | None, media: MediaSettings, add: Callable[[Item], None],
-                out: ShardScan, read: Callable[[str], None]) -> None:
-    from apertus_plugins.core.chat.template import ChatFormatError, normalize_messages
-    from apertus_plugins.plugins import spec as registered_spec
-
-    kinds = registered_spec()  # the installed modalities' part types
+def _scan_records(spec: dict[str, Any], media_root: str | None, media: MediaSettings, add: Callable[[Item], None],
+                  out: ShardScan, read: Callable[[str], None], item_kind: str,
+                  refs_of: Callable[[bytes, str, str, Callable[[str, str, str], MediaRef]], list[MediaRef]]) -> None:
+    """Plan the records of a JSONL range, one item (``item_kind``) per line: ``refs_of(raw, name, base,
+    file_ref)`` gives a line's media; ``file_ref(kind, path, where)`` references a media file (its stamp
+    noted and its header read once per shard). A bad line, or a bad medium of it, skips that line only."""
     path, display = spec["path"], spec["name"]
     base = media_base(path, media_root)
     seen: set[str] = set()
+
+    def file_ref(kind: str, value: str, where: str) -> MediaRef:
+        ref = MediaRef(kind, value, f"{value} ({where})")
+        if value not in seen:
+            seen.add(value)
+            out.referenced.append([value, *storage.stamp(value)])
+            read(value)
+        media_shape(ref, media)
+        return ref
+
     lineno = int(spec.get("first_line", 1)) - 1
     start, end = spec["range"]
     with storage.open_read(path) as fh:
@@ -654,72 +664,63 @@ def _scan_jsonl(spec: dict[str, Any], media_root: str | None, media: MediaSettin
                 continue
             name = f"{display}:{lineno}"
             try:
-                messages, _tools, _thinking = parse_record(raw, name)
-                try:
-                    norm = normalize_messages(messages, kinds)
-                except ChatFormatError as exc:
-                    raise BadInput(Reasons.CONVERSATION, f"{name}: {exc}") from exc
-                refs = []
-                for mi, pi, kind, part in media_parts(norm):
-                    where = f"{name} message {mi} part {pi}"
-                    how, value = part_source(part, base, where)
-                    if how == "path":
-                        ref = MediaRef(kind, value, f"{value} ({where})")
-                        if value not in seen:
-                            seen.add(value)
-                            out.referenced.append([value, *storage.stamp(value)])
-                            read(value)
-                        media_shape(ref, media)
-                    else:
-                        ref = MediaRef(kind, path, where, size=len(value), inline=[mi, pi])
-                        media_shape(ref, media, lambda _r, v=value: v)
-                    refs.append(ref)
+                refs = refs_of(raw, name, base, file_ref)
             except BadInput as exc:
                 out.skips.append(Skip(name, exc.reason, exc.detail, "plan"))
                 continue
-            except Exception as exc:  # noqa: BLE001 (one conversation's failure costs only that conversation)
+            except Exception as exc:  # noqa: BLE001 (one record's failure costs only that record)
                 out.skips.append(unexpected(name, "plan", exc))
                 continue
-            add(Item(0, "conversation", name, refs, record=[path, offset, len(raw)]))
+            add(Item(0, item_kind, name, refs, record=[path, offset, len(raw)]))
+
+
+def _scan_jsonl(spec: dict[str, Any], media_root: str | None, media: MediaSettings, add: Callable[[Item], None],
+                out: ShardScan, read: Callable[[str], None]) -> None:
+    """Plan the conversations of a JSONL range (``apertus tokenize sft``): one item per line."""
+    from apertus_plugins.core.chat.template import ChatFormatError, normalize_messages
+    from apertus_plugins.plugins import spec as registered_spec
+
+    kinds = registered_spec()  # the installed modalities' part types
+    path = spec["path"]
+
+    def refs_of(raw: bytes, name: str, base: str, file_ref: Callable[[str, str, str], MediaRef]) -> list[MediaRef]:
+        messages, _tools, _thinking = parse_record(raw, name)
+        try:
+            norm = normalize_messages(messages, kinds)
+        except ChatFormatError as exc:
+            raise BadInput(Reasons.CONVERSATION, f"{name}: {exc}") from exc
+        refs = []
+        for mi, pi, kind, part in media_parts(norm):
+            where = f"{name} message {mi} part {pi}"
+            how, value = part_source(part, base, where)
+            if how == "path":
+                refs.append(file_ref(kind, value, where))
+            else:
+                ref = MediaRef(kind, path, where, size=len(value), inline=[mi, pi])
+                media_shape(ref, media, lambda _r, v=value: v)
+                refs.append(ref)
+        return refs
+
+    _scan_records(spec, media_root, media, add, out, read, "conversation", refs_of)
 
 
 def _scan_recordings(spec: dict[str, Any], media_root: str | None, media: MediaSettings,
                      add: Callable[[Item], None], out: ShardScan, read: Callable[[str], None]) -> None:
     """Plan the recordings of a JSONL range (``apertus tokenize interleaved``, :mod:`.interleaved`): one
     item per line, its clips as media with their header shapes; a bad line or clip skips the line."""
-    path, display = spec["path"], spec["name"]
-    base = media_base(path, media_root)
-    seen: set[str] = set()
-    lineno = int(spec.get("first_line", 1)) - 1
-    start, end = spec["range"]
-    with storage.open_read(path) as fh:
-        for offset, raw in _lines(fh, start, end):
-            lineno += 1
-            if not raw.strip():
-                continue
-            name = f"{display}:{lineno}"
-            try:
-                refs = []
-                for k, clip in enumerate(parse_recording(raw, name)):
-                    where = f"{name} clip {k}"
-                    how, value = part_source({"type": "audio", "audio": clip.audio}, base, where)
-                    if how != "path":
-                        raise BadInput(Reasons.RECORDING, f"{where}: name the clip's audio file (inline data is "
-                                       "not read in recordings)")
-                    ref = MediaRef("audio", value, f"{value} ({where})")
-                    if value not in seen:
-                        seen.add(value)
-                        out.referenced.append([value, *storage.stamp(value)])
-                        read(value)
-                    media_shape(ref, media)
-                    refs.append(ref)
-            except BadInput as exc:
-                out.skips.append(Skip(name, exc.reason, exc.detail, "plan"))
-                continue
-            except Exception as exc:  # noqa: BLE001 (one recording's failure costs only that recording)
-                out.skips.append(unexpected(name, "plan", exc))
-                continue
-            add(Item(0, "recording", name, refs, record=[path, offset, len(raw)]))
+
+    def refs_of(raw: bytes, name: str, base: str, file_ref: Callable[[str, str, str], MediaRef]) -> list[MediaRef]:
+        refs = []
+        for k, clip in enumerate(parse_recording(raw, name)):
+            where = f"{name} clip {k}"
+            how, value = part_source({"type": "audio", "audio": clip.audio}, base, where)
+            if how != "path":
+                raise BadInput(Reasons.RECORDING, f"{where}: name the clip's audio file (inline data is "
+                               "not read in recordings)")
+            refs.append(file_ref("audio", value, where))
+        return refs
+
+    _scan_records(spec, media_root, media, add, out, read, "recording", refs_of)
 
 
 # ---------------------------------------------------------------------- in one process
