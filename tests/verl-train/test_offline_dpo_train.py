@@ -19,6 +19,11 @@ LR = 1e-3
 STEPS = 4
 
 
+#: step 1's loss is -log sigmoid(0) up to float32 rounding: the actor and the reference compute the same
+#: weights' log-probabilities in micro-batches of different shapes (measured 6e-6 with torch 2.13's CPU kernels)
+LOG2_TOLERANCE = 5e-5
+
+
 def pairs(n: int) -> list[dict]:
     """Pairs of varied lengths; chosen always "Yes", rejected "No"."""
     return [{"prompt": [{"role": "user", "content": "Question " + "x" * (3 * k)}],
@@ -57,7 +62,7 @@ def test_four_steps_reference_pass_and_dpo_update(straight, tiny_checkpoint):
     loss = run.metric("actor/dpo_loss")
     assert all(math.isfinite(v) for v in loss)
     # step 1: policy == reference, so each pair's loss is -log sigmoid(0) (float32 throughout)
-    assert loss[0] == pytest.approx(math.log(2), abs=1e-6)
+    assert loss[0] == pytest.approx(math.log(2), abs=LOG2_TOLERANCE)
     # the reference pass ran every step and the policy learned "Yes" over "No" on pairs it had not seen
     assert all(t > 0 for t in run.metric("timing_s/ref"))
     assert max(loss[1:]) < math.log(2) - 1e-3
