@@ -15,20 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from apertus_plugins.testing.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _tool():  # noqa: ANN202 - the module
-    name = "apertus_report_settings_tool"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / "report_settings.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-TOOL = _tool()
+TOOL = load_script(ROOT / "tools" / "report_settings.py", "apertus_report_settings_tool")
 ROWS = TOOL.load()
 CORE_ROWS = [r for r in ROWS if r.suite == "core"]
 
