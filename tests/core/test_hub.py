@@ -34,13 +34,9 @@ def checkpoint(tmp_path: Path) -> Path:
 
 
 @pytest.fixture()
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An empty Hub cache the resolver reads, offline."""
-    root = tmp_path / "hf-cache"
-    root.mkdir()
-    monkeypatch.setenv("HF_HUB_CACHE", str(root))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    return root
+def cache(apertus_offline_hub: dict[str, str]) -> Path:
+    """An empty Hub cache the resolver reads, offline (the ``apertus`` pytest plugin's)."""
+    return Path(apertus_offline_hub["HF_HUB_CACHE"])
 
 
 def test_hub_ids_and_paths_are_told_apart() -> None:
