@@ -73,10 +73,8 @@ def megatron_flags(data: dict[str, Any], iters: int = ITERS) -> list[str]:
         "--transformer-impl", "transformer_engine", "--no-bias-gelu-fusion",
         *smoke.data_flags(data, log_interval=1), "--attention-dropout", "0", "--hidden-dropout", "0",
         # the plugin: packed documents, split over the CP ranks as Transformer Engine's THD attention expects
-        "--apertus-tokenizer", str(data["tokenizer"]), "--apertus-embedding-rows", str(data["rows"]),
-        "--apertus-sft-data", data["sft"], "--apertus-bfd-data", data["pretrain"],
-        "--apertus-manifest", str(data["manifest"]), "--apertus-packed-sequences",
-        "--apertus-pad-to-multiple", str(PAD), "--apertus-goldfish-k", "50", "--apertus-goldfish-h", "50",
+        *smoke.plugin_flags(data), "--apertus-bfd-data", data["pretrain"], "--apertus-packed-sequences",
+        "--apertus-pad-to-multiple", str(PAD),
     ]
 
 

@@ -134,6 +134,16 @@ def data_flags(data: dict[str, Any], *, log_interval: int) -> list[str]:
     ]
 
 
+def plugin_flags(data: dict[str, Any]) -> list[str]:
+    """The plugin's flags every GPU check passes: the tokenizer, the embedding rows, the SFT prefix, the manifest
+    and Goldfish at the report's k = h = 50."""
+    return [
+        "--apertus-tokenizer", str(data["tokenizer"]), "--apertus-embedding-rows", str(data["rows"]),
+        "--apertus-sft-data", data["sft"], "--apertus-manifest", str(data["manifest"]),
+        "--apertus-goldfish-k", "50", "--apertus-goldfish-h", "50",
+    ]
+
+
 def megatron_flags(data: dict[str, Any], out: Path, iters: int = 40) -> list[str]:
     """``pretrain_gpt.py`` flags of the tiny run (local modules: no Transformer Engine or Apex needed)."""
     return [
@@ -142,10 +152,7 @@ def megatron_flags(data: dict[str, Any], out: Path, iters: int = 40) -> list[str
         "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion",
         *data_flags(data, log_interval=5), "--save", str(out / "ckpt"), "--save-interval", str(iters),
         # the plugin
-        "--apertus-tokenizer", str(data["tokenizer"]), "--apertus-embedding-rows", str(data["rows"]),
-        "--apertus-sft-data", data["sft"], "--apertus-manifest", str(data["manifest"]),
-        "--apertus-targets", "all", "--apertus-goldfish-k", "50", "--apertus-goldfish-h", "50",
-        "--apertus-optimizer", "ademamix", "--apertus-ademamix-alpha-warmup", "20",
+        *plugin_flags(data), "--apertus-targets", "all", "--apertus-optimizer", "ademamix", "--apertus-ademamix-alpha-warmup", "20",
         "--apertus-ademamix-beta3-warmup", "20", "--apertus-ademamix-beta3", "0.999",
     ]
 
