@@ -9,9 +9,6 @@ only the small files and the encoder shards, which is what the loaders fetch thr
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,16 +18,9 @@ from PIL import Image
 
 from apertus_plugins.core.tensor_names import AUDIO_PREFIX, VISION_PREFIX
 from apertus_plugins.infra.hub import HubError, add_to_cache
+from apertus_plugins.testing.scripts import run_apertus as apertus
 
-ROOT = Path(__file__).resolve().parents[2]
 REPO = "apertus-test/Apertus-tiny-random"
-
-
-def apertus(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    full = {**os.environ, **(env or {}),
-            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "apertus_plugins.cli", *args], capture_output=True, text=True,
-                          env=full, timeout=600)
 
 
 @pytest.fixture(scope="module")
