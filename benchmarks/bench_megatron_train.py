@@ -130,22 +130,6 @@ def _timed(fn: Callable[[], Any], repeat: int = 5) -> float:
     return statistics.median(samples) * 1e3
 
 
-def _saved_bytes(fn: Callable[[], Any], params: set[int]) -> int:
-    import torch
-
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params and t.numel() > 1:
-            seen[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return sum(seen.values())
-
-
 def breakdown(data: Any, root: Path, size: Size) -> list[tuple[str, float, float, str]]:
     """Rows ``(component, stock ms per iteration, Apertus ms per iteration, note)``."""
     import numpy as np
@@ -153,6 +137,7 @@ def breakdown(data: Any, root: Path, size: Size) -> list[tuple[str, float, float
 
     from apertus_plugins.core import xielu
     from apertus_plugins.core.vocab import VocabSpec
+    from apertus_plugins.testing.memory import saved_tensor_bytes
     from megatron_patches.training import loss_func
 
     torch.set_num_threads(1)
@@ -167,7 +152,7 @@ def breakdown(data: Any, root: Path, size: Size) -> list[tuple[str, float, float
     beta, eps = torch.tensor(xielu.BETA), torch.tensor(xielu.EPS)
     acts = {"GeLU": torch.nn.functional.gelu, "xIELU composed": lambda h: xielu.xielu(h, p, n, beta, eps),
             "xIELU fused": lambda h: xielu.xielu_fused(h, p, n, beta, eps)}
-    params = {q.untyped_storage().data_ptr() for q in (*fc1.parameters(), *fc2.parameters(), p, n)}
+    params = [*fc1.parameters(), *fc2.parameters(), p, n]
     act_ms, mlp_mib = {}, {}
     h = torch.randn(tokens, size.ffn, generator=g)
     grad = torch.randn(tokens, size.ffn, generator=g)
@@ -176,7 +161,7 @@ def breakdown(data: Any, root: Path, size: Size) -> list[tuple[str, float, float
             hi = h.clone().requires_grad_()
             act(hi).backward(grad)
         act_ms[name] = _timed(activation) * size.layers
-        mlp_mib[name] = _saved_bytes(lambda act=act: fc2(act(fc1(x.requires_grad_()))), params) / 2**20
+        mlp_mib[name] = saved_tensor_bytes(lambda act=act: fc2(act(fc1(x.requires_grad_()))), params) / 2**20
     rows.append(("MLP activation, fwd+bwd (before: composed)", act_ms["GeLU"], act_ms["xIELU composed"],
                  f"MLP keeps {mlp_mib['GeLU']:.1f} MiB (GeLU) vs {mlp_mib['xIELU composed']:.1f} MiB per layer"))
     rows.append(("MLP activation, fwd+bwd (after: fused)", act_ms["GeLU"], act_ms["xIELU fused"],

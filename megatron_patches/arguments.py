@@ -17,6 +17,7 @@ from pathlib import Path
 from apertus_plugins import plugins
 from apertus_plugins.core.divergence import note
 from apertus_plugins.core.goldfish import VARIANTS, GoldfishConfig
+from apertus_plugins.core.packing import SFT_OVERSIZE, PackingConfig
 from apertus_plugins.core.targets import SFT_SPECIALS, STAGE_TARGETS, Schedule, TargetConfig, stage_targets
 from apertus_plugins.core.vocab import VocabSpec
 
@@ -91,7 +92,7 @@ def add_apertus_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                    "special token masked, the literal reading of the report's Appendix G)")
     g.add_argument("--apertus-sft-mask-suffix", default=".mask", metavar="SUFFIX",
                    help="the stored mask of PREFIX is the indexed dataset PREFIX+SUFFIX (one uint8 per token)")
-    g.add_argument("--apertus-sft-oversize", default="error", choices=("error", "split"),
+    g.add_argument("--apertus-sft-oversize", default="error", choices=SFT_OVERSIZE,
                    help="a conversation longer than --seq-length + 1: error (default) or split into pieces")
     g.add_argument("--apertus-bfd-data", nargs="+", default=[], metavar="PREFIX",
                    help="pretraining prefixes (as given to --data-path) whose documents are packed best-fit-decreasing "
@@ -163,27 +164,46 @@ def parse_modality_weight(text: str) -> tuple[str, float | Schedule]:
 
 @dataclass(frozen=True)
 class ApertusOptions:
-    """The parsed ``--apertus-*`` arguments as the core's objects."""
+    """The parsed ``--apertus-*`` arguments as the core's objects: the vocabulary, the targets, Goldfish
+    (:class:`~apertus_plugins.core.goldfish.GoldfishConfig`), the packing
+    (:class:`~apertus_plugins.core.packing.PackingConfig`) and AdEMAMix, each built once here and handed down."""
 
     spec: VocabSpec
     targets: TargetConfig
     goldfish: GoldfishConfig | None
-    sft_prefixes: tuple[str, ...]
     sft_mask: str
     sft_mask_suffix: str
-    sft_oversize: str
-    packed_sequences: bool
     manifest: str | None
     manifest_checksums: bool
     embedding_rows: int | None
     optimizer: str
+    packing: PackingConfig = field(default_factory=PackingConfig)
     ademamix: AdEMAMixSettings = field(default_factory=AdEMAMixSettings)
     weight_decay_on: str = "all"
     allow_rope_change: bool = False
     empty_steps: str = "skip"
-    bfd_prefixes: tuple[str, ...] = ()
-    pad_multiple: int = 1
     sft_specials: str = "emitted"
+
+    # the packing settings by their flags' names, read-only (the settings themselves: :attr:`packing`)
+    @property
+    def sft_prefixes(self) -> tuple[str, ...]:
+        return self.packing.sft_prefixes
+
+    @property
+    def bfd_prefixes(self) -> tuple[str, ...]:
+        return self.packing.bfd_prefixes
+
+    @property
+    def sft_oversize(self) -> str:
+        return self.packing.sft_oversize
+
+    @property
+    def packed_sequences(self) -> bool:
+        return self.packing.packed_sequences
+
+    @property
+    def pad_multiple(self) -> int:
+        return self.packing.pad_multiple
 
 
 def _spec_from_args(args: argparse.Namespace) -> VocabSpec:
@@ -264,17 +284,21 @@ def _options_from_args(args: argparse.Namespace) -> ApertusOptions:
     rows = getattr(args, "padded_vocab_size", None)
     if rows is not None:
         spec.check_embedding(rows, "embedding (--apertus-embedding-rows / --padded-vocab-size)")
-    pad_multiple = _pad_multiple(args)
+    packing = PackingConfig(
+        sft_prefixes=tuple(args.apertus_sft_data),
+        bfd_prefixes=tuple(getattr(args, "apertus_bfd_data", [])),
+        sft_oversize=args.apertus_sft_oversize,
+        packed_sequences=bool(args.apertus_packed_sequences),
+        pad_multiple=_pad_multiple(args),
+    )
     return ApertusOptions(
         spec=spec,
         targets=targets,
         goldfish=goldfish,
-        sft_prefixes=tuple(os.path.normpath(p) for p in args.apertus_sft_data),
+        packing=packing,
         sft_mask=args.apertus_sft_mask,
         sft_mask_suffix=args.apertus_sft_mask_suffix,
-        sft_oversize=args.apertus_sft_oversize,
         sft_specials=getattr(args, "apertus_sft_specials", "emitted"),
-        packed_sequences=bool(args.apertus_packed_sequences),
         manifest=args.apertus_manifest,
         manifest_checksums=bool(getattr(args, "apertus_manifest_checksums", False)),
         embedding_rows=rows,
@@ -285,8 +309,6 @@ def _options_from_args(args: argparse.Namespace) -> ApertusOptions:
         weight_decay_on=args.apertus_weight_decay_on,
         allow_rope_change=bool(args.apertus_allow_rope_change),
         empty_steps=getattr(args, "apertus_empty_steps", "skip"),
-        bfd_prefixes=tuple(os.path.normpath(p) for p in getattr(args, "apertus_bfd_data", [])),
-        pad_multiple=pad_multiple,
     )
 
 
@@ -317,11 +339,7 @@ def describe_options(options: ApertusOptions) -> str:
              "Goldfish " + (options.goldfish.describe() if options.goldfish else "off"),
              "optimizer " + ("AdEMAMix " + options.ademamix.describe() if options.optimizer == "ademamix" else "Megatron's"),
              f"weight decay on {options.weight_decay_on}", f"steps without targets: {options.empty_steps}"]
-    if options.sft_prefixes:
-        parts.append(f"SFT prefixes {list(options.sft_prefixes)} (mask {options.sft_mask})")
-    if options.bfd_prefixes:
-        parts.append(f"best-fit-decreasing pretraining prefixes {list(options.bfd_prefixes)}")
-    if options.packed_sequences:
-        parts.append("packed sequences (THD cu_seqlens)" + (
-            f", documents padded to multiples of {options.pad_multiple}" if options.pad_multiple > 1 else ""))
+    if options.packing.sft_prefixes:
+        parts.append(f"SFT prefixes {list(options.packing.sft_prefixes)} (mask {options.sft_mask})")
+    parts += options.packing.describe()
     return "apertus: " + "; ".join(parts)

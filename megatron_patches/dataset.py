@@ -46,12 +46,7 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset as MegatronInd
 from megatron.core.datasets.megatron_dataset import MegatronDataset
 from megatron.core.datasets.utils import Split
 
-from apertus_plugins.core.packing import (
-    best_fit_decreasing,
-    packed_layout,
-    packed_layout_from_eod,
-    pad_to_multiple,
-)
+from apertus_plugins.core.packing import PackingConfig, best_fit_decreasing, packed_layout, packed_layout_from_eod
 from apertus_plugins.core.targets import TargetConfig, pretraining_targets, sft_targets
 
 from .arguments import ApertusOptions
@@ -86,11 +81,11 @@ class ApertusDatasetConfig(GPTDatasetConfig):
 
     def is_sft(self, dataset_path: str | None) -> bool:
         """Whether ``dataset_path`` is one of the ``--apertus-sft-data`` prefixes."""
-        return dataset_path is not None and os.path.normpath(dataset_path) in self.apertus.sft_prefixes
+        return self.apertus.packing.is_sft(dataset_path)
 
     def is_bfd(self, dataset_path: str | None) -> bool:
         """Whether ``dataset_path`` is one of the ``--apertus-bfd-data`` (packed pretraining) prefixes."""
-        return dataset_path is not None and os.path.normpath(dataset_path) in self.apertus.bfd_prefixes
+        return self.apertus.packing.is_bfd(dataset_path)
 
 
 def attention_mask_from_documents(document_ids: np.ndarray) -> torch.Tensor:
@@ -122,9 +117,10 @@ class ApertusDataset(GPTDataset):
         self.is_packed = self.is_sft or self.is_bfd
         opts = config.apertus
         self.spec = opts.spec
+        self.packing: PackingConfig = opts.packing
         # the step-independent part of the targets; the modality weights are applied in the loss
         self.keep_config: TargetConfig = replace(opts.targets, modality_weights={})
-        self.pad_multiple = int(opts.pad_multiple) if opts.packed_sequences else 1
+        self.pad_multiple = self.packing.pad_multiple
         if self.pad_multiple > 1 and config.sequence_length % self.pad_multiple:
             raise SftPackingError(f"{dataset_path}: --seq-length {config.sequence_length} is not a multiple of the "
                                   f"padding multiple {self.pad_multiple} of packed documents")
@@ -147,8 +143,8 @@ class ApertusDataset(GPTDataset):
     def _build_sft_index(self) -> None:
         # without padding a bin holds S + 1 tokens (the last one only a label); with padding multiple M > 1
         # a piece of n tokens takes pad(n) of the S input positions
-        padded = self.pad_multiple > 1
-        capacity = self.config.sequence_length + (0 if padded else 1)
+        padded = self.packing.padded
+        capacity = self.packing.capacity(self.config.sequence_length)
         lengths = self.dataset.sequence_lengths[self.indices].astype(np.int64)
         what = "conversation" if self.is_sft else "document"
         if lengths.size == 0:
@@ -156,23 +152,22 @@ class ApertusDataset(GPTDataset):
         if lengths.min() < 2:
             raise SftPackingError(f"{self.dataset_path}: a {what} has fewer than 2 tokens "
                                   f"(sequence {int(self.indices[int(lengths.argmin())])})")
-        oversize = self.config.apertus.sft_oversize if self.is_sft else "split"
+        oversize = self.packing.oversize(self.dataset_path)
         if oversize == "error" and lengths.max() > capacity:
             k = int(np.argmax(lengths > capacity))
             holds = f"--seq-length {self.config.sequence_length}" + ("" if padded else " + 1")
             raise SftPackingError(
                 f"{self.dataset_path}: conversation {int(self.indices[k])} has {int(lengths[k])} tokens, more than "
                 f"a sample holds ({holds}); pass --apertus-sft-oversize split to cut long conversations into pieces")
-        slots = pad_to_multiple(lengths, self.pad_multiple) if padded else lengths
-        packing = best_fit_decreasing(slots, capacity, oversize=oversize)
-        order = np.argsort(packing.piece_bin, kind="stable")
-        self._piece_doc = packing.piece_doc[order]
-        self._piece_start = packing.piece_start[order]
-        self._piece_slots = packing.piece_length[order]
+        bins = best_fit_decreasing(self.packing.slots(lengths), capacity, oversize=oversize)
+        order = np.argsort(bins.piece_bin, kind="stable")
+        self._piece_doc = bins.piece_doc[order]
+        self._piece_start = bins.piece_start[order]
+        self._piece_slots = bins.piece_length[order]
         # a piece's tokens: the padded document's piece less the padding (pieces are cut at multiples of M)
         self._piece_len = np.minimum(self._piece_slots, lengths[self._piece_doc] - self._piece_start)
-        self._bin_bounds = np.searchsorted(packing.piece_bin[order], np.arange(packing.num_bins + 1))
-        self.num_bins = packing.num_bins
+        self._bin_bounds = np.searchsorted(bins.piece_bin[order], np.arange(bins.num_bins + 1))
+        self.num_bins = bins.num_bins
         wanted = self.num_samples if self.num_samples is not None else self.num_bins
         epochs = max(1, -(-wanted // self.num_bins))
         rng = np.random.RandomState(self.config.random_seed)
@@ -196,7 +191,7 @@ class ApertusDataset(GPTDataset):
         b = int(self._sample_bins[sample])
         lo, hi = int(self._bin_bounds[b]), int(self._bin_bounds[b + 1])
         seq_len = self.config.sequence_length
-        padded = self.pad_multiple > 1
+        padded = self.packing.padded
         span = seq_len if padded else seq_len + 1  # the positions the segments cover
         ids = np.full(seq_len + 1, self.spec.pad_id, dtype=np.int64)
         keep = np.zeros(seq_len, dtype=bool)
@@ -249,9 +244,9 @@ class ApertusDataset(GPTDataset):
             "modality": torch.from_numpy(self.spec.modality_of(labels).astype(np.int64)),
             "position_ids": torch.from_numpy(positions.astype(np.int64)),
         }
-        if self.config.create_attention_mask and not self.config.apertus.packed_sequences:
+        if self.config.create_attention_mask and not self.packing.packed_sequences:
             sample["attention_mask"] = attention_mask_from_documents(doc_ids)  # [S, S]: only without cu_seqlens
-        if self.config.apertus.packed_sequences:
+        if self.packing.packed_sequences:
             bounds = np.flatnonzero(np.diff(doc_ids)) + 1
             cu = np.concatenate([[0], bounds, [seq_len]]).astype(np.int32)
             sample["cu_seqlens"] = torch.from_numpy(cu)

@@ -392,7 +392,7 @@ def forward_step(data_iterator: Iterator[dict[str, torch.Tensor]] | None, model:
     vp_stage = get_attr_wrapped_model(model, "vp_stage")
     first = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
     last = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
-    packed_sequences = options.packed_sequences
+    packed_sequences = options.packing.packed_sequences
     batch = get_batch(data_iterator, micro_batch_size=args.micro_batch_size, seq_length=args.seq_length,
                       attention_mask=bool(args.create_attention_mask_in_dataloader) and not packed_sequences,
                       packed_sequences=packed_sequences, is_first_stage=first, is_last_stage=last)
@@ -500,7 +500,7 @@ def train_valid_test_datasets_provider(train_val_test_num_samples: list[int], vp
     args = get_args()
     options = get_options()
     config = dataset_config_from_args(args, options, get_tokenizer())
-    needs_all_stages = options.packed_sequences or bool(args.create_attention_mask_in_dataloader)
+    needs_all_stages = options.packing.packed_sequences or bool(args.create_attention_mask_in_dataloader)
 
     def is_built_on_rank() -> bool:
         if parallel_state.get_tensor_model_parallel_rank() != 0:
@@ -553,20 +553,20 @@ def preflight(options: ApertusOptions, prefixes: Iterable[str], *, embedding_row
         spec.check_embedding(embedding_rows, "embedding")
     except ValueError as exc:
         problems.append(f"vocabulary: {exc}")
-    for flag, listed in (("--apertus-sft-data", options.sft_prefixes), ("--apertus-bfd-data", options.bfd_prefixes)):
+    packing = options.packing
+    for flag, listed in (("--apertus-sft-data", packing.sft_prefixes), ("--apertus-bfd-data", packing.bfd_prefixes)):
         for p in listed:
             if p not in prefixes:
                 problems.append(f"{flag} {p}: not one of the run's data prefixes {prefixes}")
-    if options.packed_sequences and options.pad_multiple > 1:
-        packed = set(options.sft_prefixes) | set(options.bfd_prefixes)
+    if packing.padded:
         for p in prefixes:
-            if p not in packed:
-                problems.append(f"{p}: packed documents are padded to multiples of {options.pad_multiple} (context "
+            if not (packing.is_sft(p) or packing.is_bfd(p)):
+                problems.append(f"{p}: packed documents are padded to multiples of {packing.pad_multiple} (context "
                                 "parallelism), so every prefix must be packed: name it in --apertus-bfd-data "
                                 "(pretraining documents) or --apertus-sft-data (conversations)")
     checked = list(prefixes)
     if options.sft_mask == "stored":
-        checked += [p + options.sft_mask_suffix for p in options.sft_prefixes if p in prefixes]
+        checked += [p + options.sft_mask_suffix for p in packing.sft_prefixes if p in prefixes]
     for p in checked:
         try:
             ds = IndexedDataset(p)
@@ -576,7 +576,7 @@ def preflight(options: ApertusOptions, prefixes: Iterable[str], *, embedding_row
         if p in prefixes and ds.num_tokens == 0:
             problems.append(f"{p}: the dataset holds no tokens")
     if options.sft_mask == "stored":
-        for p in options.sft_prefixes:
+        for p in packing.sft_prefixes:
             if p not in prefixes:
                 continue
             try:
@@ -590,7 +590,7 @@ def preflight(options: ApertusOptions, prefixes: Iterable[str], *, embedding_row
         try:
             # a manifest may list the mask streams of the SFT prefixes although this run derives the mask
             listed = {os.path.normpath(e.get("prefix", "")) for e in read_manifest(options.manifest)["datasets"]}
-            checked += [m for m in (p + options.sft_mask_suffix for p in options.sft_prefixes if p in prefixes)
+            checked += [m for m in (p + options.sft_mask_suffix for p in packing.sft_prefixes if p in prefixes)
                         if m in listed and m not in checked]
             verify_manifest(options.manifest, checked, checksums=options.manifest_checksums)
         except ValueError as exc:
@@ -675,7 +675,7 @@ def cross_document_problems(args: Any, options: ApertusOptions) -> list[str]:
     causal attention and megatron-core's fused causal softmax ignore an explicit mask.
     """
     cp = int(getattr(args, "context_parallel_size", 1) or 1)
-    if options.packed_sequences:
+    if options.packing.packed_sequences:
         if getattr(args, "micro_batch_size", 1) != 1:
             return ["--apertus-packed-sequences needs --micro-batch-size 1"]
         return []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from apertus_plugins import plugins
+from apertus_plugins.cli._layout import add_layout_args, layout_spec
 from apertus_plugins.core.release import CONTEXT_LENGTH
 from apertus_plugins.testing.checkpoint import INITS, SIZES
 
@@ -20,10 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("dir", help="directory to create")
     p.add_argument("--size", choices=sorted(SIZES), default="tiny",
                    help="language model size (tiny: hidden 128, 2 layers, 2 heads of 64, MLP 256)")
-    p.add_argument("--full", action="store_true", help="the released vocabulary layout (266,752 embedding rows)")
-    p.add_argument("--text-size", type=int, default=512, help="text ids of the scaled vocabulary")
-    p.add_argument("--image-codes", type=int, default=256, help="image codes of the scaled vocabulary")
-    p.add_argument("--audio-codes", type=int, default=64, help="audio codes of the scaled vocabulary")
+    add_layout_args(p, full_help="the released vocabulary layout (266,752 embedding rows)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="language model dtype (the encoders are always float32)")
@@ -37,14 +34,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from apertus_plugins.core.vocab import VocabSpec, default_spec
     from apertus_plugins.testing.checkpoint import write_checkpoint
 
-    if args.full:
-        spec = default_spec()
-    else:
-        spec = VocabSpec.scaled(text_size=args.text_size, image_codes=args.image_codes, audio_codes=args.audio_codes)
-    spec = plugins.spec(spec)  # the installed modalities' omni slots, as the released tokenizer would carry them
+    spec = layout_spec(args)
     out = write_checkpoint(args.dir, size=args.size, spec=spec, seed=args.seed, dtype=args.dtype,
                            shard_size=args.shard_size, max_position_embeddings=args.max_position_embeddings,
                            overwrite=args.overwrite, init=args.init)

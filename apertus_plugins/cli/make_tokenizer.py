@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from apertus_plugins import plugins
-from apertus_plugins.core.vocab import VocabSpec, default_spec
+from apertus_plugins.cli._layout import add_layout_args, layout_spec
 from apertus_plugins.testing.tokenizer_builder import build_test_tokenizer
 
 
@@ -15,19 +14,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "(chat tokens, thinking delimiters, omni block, code tokens) and the chat "
                                    "templates. Scaled down by default; --full writes the released sizes.")
     p.add_argument("dir")
-    p.add_argument("--full", action="store_true", help="the released sizes (266,440 entries)")
-    p.add_argument("--text-size", type=int, default=512)
-    p.add_argument("--image-codes", type=int, default=256)
-    p.add_argument("--audio-codes", type=int, default=64)
+    add_layout_args(p, full_help="the released sizes (266,440 entries)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.full:
-        spec = default_spec()
-    else:
-        spec = VocabSpec.scaled(text_size=args.text_size, image_codes=args.image_codes, audio_codes=args.audio_codes)
-    spec = plugins.spec(spec)  # the installed modalities' omni slots, as the released tokenizer would carry them
+    spec = layout_spec(args)
     out = build_test_tokenizer(args.dir, spec)
     print(f"wrote {out} ({spec.size} entries)")
     return 0

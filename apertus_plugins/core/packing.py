@@ -13,16 +13,22 @@
   sequences, as Transformer Engine's THD attention splits them: every sequence padded to a
   multiple of ``2 * cp``, cut into ``2 * cp`` chunks, rank ``r`` holding chunks ``r`` and
   ``2 * cp - 1 - r`` of each (the load-balanced order for causal attention).
+* :class:`PackingConfig`: a training run's packing settings (which prefixes are packed, how long
+  conversations are handled, packed-sequence attention, the padding multiple), built once from the
+  framework's flags and handed down.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
 __all__ = [
+    "PackingConfig",
+    "SFT_OVERSIZE",
     "BinPacking",
     "best_fit_decreasing",
     "concat_sample_index",
@@ -34,6 +40,93 @@ __all__ = [
 ]
 
 Oversize = Literal["error", "own_bin", "split"]
+#: What a training run does with a conversation longer than a sample (``PackingConfig.sft_oversize``).
+SFT_OVERSIZE = ("error", "split")
+
+
+@dataclass(frozen=True)
+class PackingConfig:
+    """How a training run's documents become samples, one documented field each (SPEC.md 4.1, 4.2).
+
+    Built once from Megatron's flags (:func:`megatron_patches.arguments.options_from_args`:
+    ``--apertus-sft-data``, ``--apertus-bfd-data``, ``--apertus-sft-oversize``,
+    ``--apertus-packed-sequences``, ``--apertus-pad-to-multiple``), or by hand, and handed down to
+    the dataset that packs (``megatron_patches.dataset.ApertusDataset``), the forward step that reads
+    the batches and the preflight that checks the blend. The sequence length stays the framework's
+    own setting (Megatron's ``--seq-length``); the methods that depend on it take it.
+
+    A prefix not named in :attr:`sft_prefixes` or :attr:`bfd_prefixes` is pretraining data that the
+    framework concatenates and cuts into samples as it always does (documents kept apart by the
+    cross-document rule of :mod:`apertus_plugins.core.targets`). Prefixes are compared after
+    ``os.path.normpath``.
+    """
+
+    sft_prefixes: tuple[str, ...] = ()
+    """Prefixes of one tokenized conversation per sequence: packed best-fit-decreasing, SFT loss mask."""
+    bfd_prefixes: tuple[str, ...] = ()
+    """Pretraining prefixes whose whole documents are packed best-fit-decreasing with cross-document
+    masking (the long-context stages), instead of concatenated and cut."""
+    sft_oversize: str = "error"
+    """A conversation longer than a sample: ``"error"`` (the default) or ``"split"`` into pieces. Packed
+    pretraining documents are always split."""
+    packed_sequences: bool = False
+    """Samples carry ``cu_seqlens`` for packed-sequence (THD) attention instead of an ``[S, S]`` mask."""
+    pad_multiple: int = 1
+    """With :attr:`packed_sequences`, every packed document takes a multiple of this many positions
+    (``2 x CP`` under context parallelism); 1 pads nothing, and is the only value without them."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sft_prefixes", tuple(os.path.normpath(p) for p in self.sft_prefixes))
+        object.__setattr__(self, "bfd_prefixes", tuple(os.path.normpath(p) for p in self.bfd_prefixes))
+        both = sorted(set(self.sft_prefixes) & set(self.bfd_prefixes))
+        if both:
+            raise ValueError(f"sft_prefixes and bfd_prefixes both name {', '.join(both)}: a prefix holds either "
+                             "pretraining documents or conversations")
+        if self.sft_oversize not in SFT_OVERSIZE:
+            raise ValueError(f"sft_oversize must be one of {', '.join(SFT_OVERSIZE)}, got {self.sft_oversize!r}")
+        if int(self.pad_multiple) < 1:
+            raise ValueError(f"pad_multiple must be >= 1, got {self.pad_multiple}")
+        if self.pad_multiple > 1 and not self.packed_sequences:
+            raise ValueError(f"pad_multiple {self.pad_multiple}: only packed sequences are padded")
+
+    def is_sft(self, prefix: str | None) -> bool:
+        """Whether ``prefix`` holds conversations (one of :attr:`sft_prefixes`)."""
+        return prefix is not None and os.path.normpath(prefix) in self.sft_prefixes
+
+    def is_bfd(self, prefix: str | None) -> bool:
+        """Whether ``prefix`` holds pretraining documents packed whole (one of :attr:`bfd_prefixes`)."""
+        return prefix is not None and os.path.normpath(prefix) in self.bfd_prefixes
+
+    @property
+    def padded(self) -> bool:
+        """Whether packed documents are padded (:attr:`pad_multiple` > 1)."""
+        return self.pad_multiple > 1
+
+    def capacity(self, seq_length: int) -> int:
+        """Tokens a packed sample holds: ``seq_length + 1`` (the last token only a label), or ``seq_length``
+        when documents are padded (a piece of ``n`` tokens takes ``pad(n)`` of the ``seq_length`` inputs)."""
+        return int(seq_length) + (0 if self.padded else 1)
+
+    def oversize(self, prefix: str | None) -> Oversize:
+        """What :func:`best_fit_decreasing` does with a document of ``prefix`` longer than a sample."""
+        if self.is_sft(prefix) and self.sft_oversize == "error":
+            return "error"
+        return "split"
+
+    def slots(self, lengths: Any) -> np.ndarray:
+        """The positions each document of ``lengths`` takes in a sample (:func:`pad_to_multiple` when padded)."""
+        lens = np.asarray(lengths, dtype=np.int64)
+        return pad_to_multiple(lens, self.pad_multiple) if self.padded else lens
+
+    def describe(self) -> list[str]:
+        """What the packing does, as phrases for a run's start-up line (empty when nothing is packed)."""
+        parts = []
+        if self.bfd_prefixes:
+            parts.append(f"best-fit-decreasing pretraining prefixes {list(self.bfd_prefixes)}")
+        if self.packed_sequences:
+            parts.append("packed sequences (THD cu_seqlens)" + (
+                f", documents padded to multiples of {self.pad_multiple}" if self.padded else ""))
+        return parts
 
 
 @dataclass(frozen=True)

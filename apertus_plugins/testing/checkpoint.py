@@ -29,8 +29,9 @@ import json
 import math
 import os
 import shutil
+import struct
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,7 @@ from apertus_plugins.infra.sizes import parse_size
 
 __all__ = [
     "TextSize", "SIZES", "write_checkpoint", "CheckpointConfig", "read_checkpoint_config",
-    "text_config_dict", "INITS",
+    "text_config_dict", "INITS", "write_stand_in", "write_zero_safetensors",
 ]
 
 _LM_DTYPES = ("float32", "bfloat16")
@@ -340,6 +341,52 @@ def write_checkpoint(out_dir: str | Path, *, size: str | TextSize = "tiny", spec
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def write_zero_safetensors(path: str | Path, shapes: Mapping[str, Sequence[int]]) -> None:
+    """A float32 safetensors file of zeros with ``shapes``, written without torch or the safetensors package
+    (the format: the header's length as a little-endian u64, the JSON header padded to 8 bytes, the data)."""
+    header, offset = {}, 0
+    for name, shape in shapes.items():
+        size = math.prod(int(n) for n in shape) * 4
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    Path(path).write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(offset))
+
+
+def write_stand_in(out_dir: str | Path, shards: Mapping[str, Mapping[str, Sequence[int]]] | None = None, *,
+                   spec: VocabSpec | None = None) -> Path:
+    """A torch-free stand-in of a released checkpoint in ``out_dir``: the test tokenizer with its templates, a
+    ``config.json`` with the tiny text config and the layout's token ids and offsets, the stops in
+    ``generation_config.json``, and zero float32 weights in ``shards`` (file name -> tensor name -> shape) with
+    their ``model.safetensors.index.json``.
+
+    By default (``shards=None``) two shards hold the embedding and the pruned LM head; a caller that needs
+    other tensors (the encoders', say) names the shards itself, the shapes from :func:`text_config_dict`.
+    ``spec`` defaults to :meth:`VocabSpec.scaled`. No vision or audio config: the doctor's offline checks and the
+    Hub cache read such a directory, nothing loads it.
+    """
+    from apertus_plugins.testing.tokenizer_builder import build_test_tokenizer
+
+    spec = spec or VocabSpec.scaled()
+    d = build_test_tokenizer(Path(out_dir), spec)
+    text = text_config_dict(SIZES["tiny"], spec)
+    config = {"model_type": "apertus1p5", "text_config": text, "image_token_id": spec.id("image"),
+              "audio_token_id": spec.id("audio"), "image_token_offset": spec.modality("image").offset,
+              "audio_token_offset": spec.modality("audio").offset}
+    (d / "config.json").write_text(json.dumps(config))
+    (d / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": [spec.eos_id, spec.id("assistant_end"), spec.id("tools_suffix")]}))
+    if shards is None:
+        shards = {"model-00001-of-00002.safetensors": {EMBEDDING: [text["vocab_size"], text["hidden_size"]]},
+                  "model-00002-of-00002.safetensors": {LM_HEAD: [spec.text_size, text["hidden_size"]]}}
+    for shard, shapes in shards.items():
+        write_zero_safetensors(d / shard, shapes)
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {name: shard for shard, shapes in shards.items() for name in shapes}}))
+    return d
 
 
 def _fields(cfg: Any) -> dict[str, Any]:

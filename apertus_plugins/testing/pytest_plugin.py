@@ -24,6 +24,8 @@ Fixtures (``session`` scope unless noted):
   vLLM server on loopback (the ``vllm`` suite's interpreter when ``APERTUS_PYTHON_VLLM`` names one), stopped
   with its whole process group when the session ends.
 * ``apertus_free_port`` (function scope): a TCP port free on loopback.
+* ``apertus_offline_hub`` (function scope): an empty Hugging Face Hub cache read offline (``HF_HUB_CACHE``,
+  ``HF_HUB_OFFLINE=1`` set for the test); the value is those variables, for a subprocess's environment.
 * ``apertus_process_group``: a one-rank ``gloo`` process group of ``torch.distributed``, destroyed at the end.
 * ``apertus_image_part``, ``apertus_audio_part``: OpenAI chat content parts carrying the bundled demo
   image and clip.
@@ -97,6 +99,18 @@ def apertus_free_port() -> int:
     from apertus_plugins.testing.serve import free_port
 
     return free_port()
+
+
+@pytest.fixture
+def apertus_offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """An empty Hub cache (``HF_HUB_CACHE``) that huggingface_hub reads offline (``HF_HUB_OFFLINE=1``), both set
+    in this process for the test; returns the two variables, to hand a subprocess."""
+    cache = tmp_path / "hf-cache"
+    cache.mkdir()
+    env = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return env
 
 
 @pytest.fixture(scope="session")

@@ -19,9 +19,10 @@ import torch
 from torch import nn
 
 from apertus_plugins.encoders.audio import AudioTokenizer
+from apertus_plugins.encoders.config import AudioTokenizerConfig, VisionTokenizerConfig
 from apertus_plugins.encoders.vision import VisionTokenizer
 
-__all__ = ["init_random_weights"]
+__all__ = ["init_random_weights", "random_audio_tokenizer", "random_vision_tokenizer"]
 
 
 def _conv_init_(weight: torch.Tensor, gen: torch.Generator, gain: float = 1.0) -> None:
@@ -41,6 +42,22 @@ def init_random_weights(tokenizer: VisionTokenizer | AudioTokenizer, seed: int =
             _init_audio(tokenizer, gen)
     else:
         raise TypeError(f"expected a VisionTokenizer or an AudioTokenizer, got {type(tokenizer).__name__}")
+
+
+def random_vision_tokenizer(seed: int = 0, config: VisionTokenizerConfig | None = None) -> VisionTokenizer:
+    """A vision tokenizer of ``config`` (default: :meth:`VisionTokenizerConfig.tiny`) with
+    :func:`init_random_weights` of ``seed``."""
+    tok = VisionTokenizer(config or VisionTokenizerConfig.tiny())
+    init_random_weights(tok, seed=seed)
+    return tok
+
+
+def random_audio_tokenizer(seed: int = 0, config: AudioTokenizerConfig | None = None) -> AudioTokenizer:
+    """An audio tokenizer of ``config`` (default: :meth:`AudioTokenizerConfig.tiny`) with
+    :func:`init_random_weights` of ``seed``."""
+    tok = AudioTokenizer(config or AudioTokenizerConfig.tiny())
+    init_random_weights(tok, seed=seed)
+    return tok
 
 
 @contextlib.contextmanager

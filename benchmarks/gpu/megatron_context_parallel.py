@@ -29,7 +29,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -68,25 +67,14 @@ def training_script(megatron_lm: str | None) -> tuple[Path, Path | None]:
 
 def megatron_flags(data: dict[str, Any], iters: int = ITERS) -> list[str]:
     """The tiny model with Transformer Engine, bf16, packed documents padded for CP=2 (the CP size is added per run)."""
+    smoke = _smoke()
     return [
-        "--num-layers", "4", "--hidden-size", "256", "--ffn-hidden-size", "1024", "--num-attention-heads", "8",
-        "--group-query-attention", "--num-query-groups", "4", "--kv-channels", "32",
-        "--normalization", "RMSNorm", "--norm-epsilon", "1e-05", "--qk-layernorm", "--disable-bias-linear",
-        "--untie-embeddings-and-output-weights", "--position-embedding-type", "rope", "--rotary-base", "500000",
-        "--use-rope-scaling", "--rope-scaling-factor", "8.0", "--max-position-embeddings", str(SEQ),
-        "--seq-length", str(SEQ), "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", str(iters),
-        "--lr", "3e-3", "--min-lr", "3e-4", "--lr-decay-style", "cosine", "--lr-warmup-iters", "2",
-        "--clip-grad", "1.0", "--weight-decay", "0.1", "--bf16", "--optimizer", "adam",
+        *smoke.model_flags(seq=SEQ, micro_batch=1, global_batch=4, iters=iters, warmup=2),
         "--transformer-impl", "transformer_engine", "--no-bias-gelu-fusion",
-        "--tokenizer-type", "NullTokenizer", "--vocab-size", str(data["vocab"]),
-        "--data-path", "0.6", data["pretrain"], "0.4", data["sft"], "--split", "100,0,0",
-        "--eval-iters", "0", "--eval-interval", "100000", "--log-interval", "1", "--seed", "1234",
-        "--num-workers", "1", "--attention-dropout", "0", "--hidden-dropout", "0",
+        *smoke.data_flags(data, log_interval=1), "--attention-dropout", "0", "--hidden-dropout", "0",
         # the plugin: packed documents, split over the CP ranks as Transformer Engine's THD attention expects
-        "--apertus-tokenizer", str(data["tokenizer"]), "--apertus-embedding-rows", str(data["rows"]),
-        "--apertus-sft-data", data["sft"], "--apertus-bfd-data", data["pretrain"],
-        "--apertus-manifest", str(data["manifest"]), "--apertus-packed-sequences",
-        "--apertus-pad-to-multiple", str(PAD), "--apertus-goldfish-k", "50", "--apertus-goldfish-h", "50",
+        *smoke.plugin_flags(data), "--apertus-bfd-data", data["pretrain"], "--apertus-packed-sequences",
+        "--apertus-pad-to-multiple", str(PAD),
     ]
 
 
@@ -111,18 +99,11 @@ def compare(one: list[dict[str, float]], two: list[dict[str, float]], rtol: floa
 
 
 def _train(script: Path, checkout: Path | None, flags: list[str], nproc: int, log: Path) -> list[dict[str, float]]:
-    env = dict(os.environ, CUDA_DEVICE_MAX_CONNECTIONS="1", PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(checkout) if checkout else "", str(ROOT),
-                                                    env.get("PYTHONPATH", "")) if p)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
-           str(29540 + nproc), "-m", "megatron_patches.launcher", str(script), *flags]
-    print("$", " ".join(cmd), flush=True)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    text = proc.stdout + proc.stderr
+    status, text = _smoke().torchrun(script, checkout, flags, nproc=nproc, port=29540 + nproc)
     log.write_text(text)
-    if proc.returncode != 0:
+    if status != 0:
         print(text[-6000:])
-        raise CpCheckError(f"training with {nproc} GPU(s) exited with status {proc.returncode} (log: {log})")
+        raise CpCheckError(f"training with {nproc} GPU(s) exited with status {status} (log: {log})")
     return _smoke().parse_log(text)
 
 

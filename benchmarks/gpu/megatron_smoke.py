@@ -108,30 +108,66 @@ def write_data(out: Path) -> dict[str, Any]:
             "vocab": spec.size, "rows": -(-(spec.size + 1) // 128) * 128}
 
 
-def megatron_flags(data: dict[str, Any], out: Path, iters: int = 40) -> list[str]:
-    """``pretrain_gpt.py`` flags of the tiny run (local modules: no Transformer Engine or Apex needed)."""
+def model_flags(*, seq: int, micro_batch: int, global_batch: int, iters: int, warmup: int) -> list[str]:
+    """``pretrain_gpt.py`` flags of the tiny Apertus model and its schedule, shared by the GPU checks (each adds its
+    kernels, its data and the plugin's flags)."""
     return [
         "--num-layers", "4", "--hidden-size", "256", "--ffn-hidden-size", "1024", "--num-attention-heads", "8",
         "--group-query-attention", "--num-query-groups", "4", "--kv-channels", "32",
         "--normalization", "RMSNorm", "--norm-epsilon", "1e-05", "--qk-layernorm", "--disable-bias-linear",
         "--untie-embeddings-and-output-weights", "--position-embedding-type", "rope", "--rotary-base", "500000",
-        "--use-rope-scaling", "--rope-scaling-factor", "8.0", "--max-position-embeddings", str(SEQ),
-        "--seq-length", str(SEQ), "--micro-batch-size", "8", "--global-batch-size", "16", "--train-iters", str(iters),
-        "--lr", "3e-3", "--min-lr", "3e-4", "--lr-decay-style", "cosine", "--lr-warmup-iters", "4",
-        "--clip-grad", "1.0", "--weight-decay", "0.1", "--bf16", "--optimizer", "adam",
-        "--transformer-impl", "local", "--no-rope-fusion", "--no-persist-layer-norm",
-        "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion",
+        "--use-rope-scaling", "--rope-scaling-factor", "8.0", "--max-position-embeddings", str(seq),
+        "--seq-length", str(seq), "--micro-batch-size", str(micro_batch), "--global-batch-size", str(global_batch),
+        "--train-iters", str(iters), "--lr", "3e-3", "--min-lr", "3e-4", "--lr-decay-style", "cosine",
+        "--lr-warmup-iters", str(warmup), "--clip-grad", "1.0", "--weight-decay", "0.1", "--bf16",
+        "--optimizer", "adam",
+    ]
+
+
+def data_flags(data: dict[str, Any], *, log_interval: int) -> list[str]:
+    """The blend :func:`write_data` wrote (0.6 pretraining, 0.4 SFT), no evaluation, and the logging."""
+    return [
         "--tokenizer-type", "NullTokenizer", "--vocab-size", str(data["vocab"]),
         "--data-path", "0.6", data["pretrain"], "0.4", data["sft"], "--split", "100,0,0",
-        "--eval-iters", "0", "--eval-interval", "100000", "--log-interval", "5", "--seed", "1234",
-        "--num-workers", "1", "--save", str(out / "ckpt"), "--save-interval", str(iters),
-        # the plugin
+        "--eval-iters", "0", "--eval-interval", "100000", "--log-interval", str(log_interval), "--seed", "1234",
+        "--num-workers", "1",
+    ]
+
+
+def plugin_flags(data: dict[str, Any]) -> list[str]:
+    """The plugin's flags every GPU check passes: the tokenizer, the embedding rows, the SFT prefix, the manifest
+    and Goldfish at the report's k = h = 50."""
+    return [
         "--apertus-tokenizer", str(data["tokenizer"]), "--apertus-embedding-rows", str(data["rows"]),
         "--apertus-sft-data", data["sft"], "--apertus-manifest", str(data["manifest"]),
-        "--apertus-targets", "all", "--apertus-goldfish-k", "50", "--apertus-goldfish-h", "50",
-        "--apertus-optimizer", "ademamix", "--apertus-ademamix-alpha-warmup", "20",
+        "--apertus-goldfish-k", "50", "--apertus-goldfish-h", "50",
+    ]
+
+
+def megatron_flags(data: dict[str, Any], out: Path, iters: int = 40) -> list[str]:
+    """``pretrain_gpt.py`` flags of the tiny run (local modules: no Transformer Engine or Apex needed)."""
+    return [
+        *model_flags(seq=SEQ, micro_batch=8, global_batch=16, iters=iters, warmup=4),
+        "--transformer-impl", "local", "--no-rope-fusion", "--no-persist-layer-norm",
+        "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion",
+        *data_flags(data, log_interval=5), "--save", str(out / "ckpt"), "--save-interval", str(iters),
+        # the plugin
+        *plugin_flags(data), "--apertus-targets", "all", "--apertus-optimizer", "ademamix", "--apertus-ademamix-alpha-warmup", "20",
         "--apertus-ademamix-beta3-warmup", "20", "--apertus-ademamix-beta3", "0.999",
     ]
+
+
+def torchrun(script: Path, checkout: Path | None, flags: list[str], *, nproc: int, port: int) -> tuple[int, str]:
+    """``script`` run through the launcher (``torchrun -m megatron_patches.launcher``) on ``nproc`` GPUs, with the
+    Megatron-LM checkout (if any) and this repository on ``PYTHONPATH``: (exit status, the whole log)."""
+    env = dict(os.environ, CUDA_DEVICE_MAX_CONNECTIONS="1", PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(checkout) if checkout else "", str(ROOT),
+                                                    env.get("PYTHONPATH", "")) if p)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", str(port),
+           "-m", "megatron_patches.launcher", str(script), *flags]
+    print("$", " ".join(cmd), flush=True)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    return proc.returncode, proc.stdout + proc.stderr
 
 
 _ITER = re.compile(r"iteration\s+(\d+)/\s*\d+\s*\|")
@@ -185,18 +221,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     t0 = time.time()
     data = write_data(out)
     flags = megatron_flags(data, out, args.iters)
-    env = dict(os.environ, CUDA_DEVICE_MAX_CONNECTIONS="1", PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(checkout), str(ROOT), env.get("PYTHONPATH", "")) if p)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-port", "29531",
-           "-m", "megatron_patches.launcher", str(checkout / "pretrain_gpt.py"), *flags]
-    print("$", " ".join(cmd), flush=True)
     t1 = time.time()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    log = proc.stdout + proc.stderr
+    status, log = torchrun(checkout / "pretrain_gpt.py", checkout, flags, nproc=1, port=29531)
     (out / "train.log").write_text(log)
     print(log[-6000:])
-    if proc.returncode != 0:
-        raise SmokeError(f"training exited with status {proc.returncode} (log: {out / 'train.log'})")
+    if status != 0:
+        raise SmokeError(f"training exited with status {status} (log: {out / 'train.log'})")
     result = check_log(parse_log(log))
     result.update({"data seconds": round(t1 - t0, 1), "train seconds": round(time.time() - t1, 1),
                    "checkpoint written": (out / "ckpt" / "latest_checkpointed_iteration.txt").is_file(),

@@ -16,10 +16,8 @@
 #    Megatron actor's weights; a judge vLLM server of $MODEL on port $PORT, default 8011).
 # MODEL defaults to a tiny random Apertus 1.5 checkpoint in the released layout (`apertus make-checkpoint`).
 set -euo pipefail
-if [ -z "${MODEL:-}" ]; then
-  MODEL=$(mktemp -d)/apertus-tiny
-  apertus make-checkpoint "$MODEL" --size tiny --init varied
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/verl_common.sh"
+default_model
 python - "$MODEL" <<'PY'  # one process: the provider initializes torch.distributed (nccl) itself
 import sys, torch, megatron_patches.bridge  # noqa: F401  (registers the Apertus bridge)
 from megatron.bridge import AutoBridge
@@ -58,12 +56,7 @@ time python -m verl.trainer.main_ppo --config-path=pkg://verl_ext/config --confi
 grep -ho "dpo_loss[^ ]*" /tmp/verl_megatron.log | head -2 | sed 's/^/megatron: /'
 grep -ho "dpo_loss[^ ]*" /tmp/verl_fsdp.log | head -2 | sed 's/^/fsdp2:    /'
 [ -n "${DATA:-}" ] || { echo "DATA not set: SDPO and online DPO with the Megatron presets skipped"; exit 0; }
-PORT=${PORT:-8011}
-python -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name judge --port "$PORT" \
-  --gpu-memory-utilization 0.15 --max-logprobs 20 > /tmp/judge.log 2>&1 &
-JUDGE=$!
-trap 'kill $JUDGE 2>/dev/null || true' EXIT
-until curl -sf "http://127.0.0.1:$PORT/v1/models" > /dev/null; do sleep 2; done
+start_judge
 rollout=(actor_rollout_ref.model.path="$MODEL" data.train_files="$DATA" data.val_files="$DATA"
   apertus.judge.base_url="http://127.0.0.1:$PORT/v1" apertus.judge.charter="${CHARTER:-@sample}"
   trainer.n_gpus_per_node=1 trainer.nnodes=1 trainer.total_training_steps=2 trainer.val_before_train=false

@@ -9,17 +9,10 @@
 # and a judge endpoint: by default a vLLM server of $MODEL started here on port 8011. $MODEL carries
 # the Apertus tokenizer (the trainers render prompts with the core chat template).
 set -euo pipefail
-if [ -z "${MODEL:-}" ]; then
-  MODEL=$(mktemp -d)/apertus-tiny
-  apertus make-checkpoint "$MODEL" --size tiny --init varied
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/verl_common.sh"
+default_model
 DATA=${DATA:?set DATA to a parquet of chat prompts in verl format (prompt, data_source, reward_model)}
-PORT=${PORT:-8011}
-python -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name judge --port "$PORT" \
-  --gpu-memory-utilization 0.15 --max-logprobs 20 > /tmp/judge.log 2>&1 &
-JUDGE=$!
-trap 'kill $JUDGE 2>/dev/null || true' EXIT
-until curl -sf "http://127.0.0.1:$PORT/v1/models" > /dev/null; do sleep 2; done
+start_judge
 judge=(apertus.judge.base_url="http://127.0.0.1:$PORT/v1" apertus.judge.charter="${CHARTER:-@sample}")  # CHARTER=@/path/charter.md
 common=(actor_rollout_ref.model.path="$MODEL" data.train_files="$DATA" data.val_files="$DATA"
   trainer.n_gpus_per_node=1 trainer.nnodes=1

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +29,7 @@ from apertus_plugins.doctor import (
     select_checks,
 )
 from apertus_plugins.doctor.checks_template import rendering_vectors
-from apertus_plugins.testing.checkpoint import SIZES, text_config_dict
+from apertus_plugins.testing.checkpoint import write_stand_in
 from apertus_plugins.testing.tokenizer_builder import build_test_tokenizer
 
 TOKENIZER_CHECKS = {c.id for c in CHECKS if c.group in ("tokenizer", "template")}
@@ -94,38 +93,10 @@ def test_the_released_layout_pins_the_released_ids(apertus_full_tokenizer_dir, a
 
 # ---------------------------------------------------------------------------------------------- a torch-free checkpoint
 
-def write_safetensors(path: Path, shapes: dict[str, list[int]]) -> None:
-    """A float32 safetensors file of zeros with ``shapes``, written by hand (format: u64 header length, header, data)."""
-    header, offset = {}, 0
-    for name, shape in shapes.items():
-        size = int(np.prod(shape)) * 4
-        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
-        offset += size
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(offset))
-
-
 @pytest.fixture()
 def stand_in(tmp_path) -> Path:
     """The files of a checkpoint with the layout's shapes: tokenizer, configs, a zero embedding and head."""
-    spec = VocabSpec.scaled()
-    d = build_test_tokenizer(tmp_path / "ckpt", spec)
-    text = text_config_dict(SIZES["tiny"], spec)
-    config = {"model_type": "apertus1p5", "text_config": text, "image_token_id": spec.id("image"),
-              "audio_token_id": spec.id("audio"), "image_token_offset": spec.modality("image").offset,
-              "audio_token_offset": spec.modality("audio").offset}
-    (d / "config.json").write_text(json.dumps(config))
-    (d / "generation_config.json").write_text(json.dumps(
-        {"eos_token_id": [spec.eos_id, spec.id("assistant_end"), spec.id("tools_suffix")]}))
-    hidden = text["hidden_size"]
-    write_safetensors(d / "model-00001-of-00002.safetensors",
-                      {"model.language_model.embed_tokens.weight": [text["vocab_size"], hidden]})
-    write_safetensors(d / "model-00002-of-00002.safetensors", {"lm_head.weight": [spec.text_size, hidden]})
-    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
-        "model.language_model.embed_tokens.weight": "model-00001-of-00002.safetensors",
-        "lm_head.weight": "model-00002-of-00002.safetensors"}}))
-    return d
+    return write_stand_in(tmp_path / "ckpt")
 
 
 def test_a_torch_free_checkpoint_passes_every_offline_check(stand_in):

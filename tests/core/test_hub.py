@@ -9,63 +9,34 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from apertus_plugins.cli import main
 from apertus_plugins.core.vocab import VocabSpec
 from apertus_plugins.infra.hub import METADATA_PATTERNS, HubError, add_to_cache, local_path, parse_hub_id
-from apertus_plugins.testing.checkpoint import SIZES, text_config_dict
-from apertus_plugins.testing.tokenizer_builder import build_test_tokenizer
+from apertus_plugins.testing.checkpoint import SIZES, text_config_dict, write_stand_in
 
 REPO = "apertus-test/Apertus-tiny"
 SHARDS = ("model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors")
-
-
-def _safetensors(path: Path, shapes: dict[str, list[int]]) -> None:
-    header, offset = {}, 0
-    for name, shape in shapes.items():
-        size = int(np.prod(shape)) * 4
-        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
-        offset += size
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(offset))
 
 
 @pytest.fixture()
 def checkpoint(tmp_path: Path) -> Path:
     """A torch-free stand-in of a released checkpoint in three shards: the embedding, the head, the encoders."""
     spec = VocabSpec.scaled()
-    d = build_test_tokenizer(tmp_path / "ckpt", spec)
     text = text_config_dict(SIZES["tiny"], spec)
-    (d / "config.json").write_text(json.dumps({
-        "model_type": "apertus1p5", "text_config": text, "image_token_id": spec.id("image"),
-        "audio_token_id": spec.id("audio"), "image_token_offset": spec.modality("image").offset,
-        "audio_token_offset": spec.modality("audio").offset}))
-    (d / "generation_config.json").write_text(json.dumps(
-        {"eos_token_id": [spec.eos_id, spec.id("assistant_end"), spec.id("tools_suffix")]}))
-    tensors = {SHARDS[0]: {"model.language_model.embed_tokens.weight": [text["vocab_size"], text["hidden_size"]]},
-               SHARDS[1]: {"lm_head.weight": [spec.text_size, text["hidden_size"]]},
-               SHARDS[2]: {"model.vision_tokenizer.quant_conv.weight": [4, 4], "model.audio_tokenizer.x": [2]}}
-    for shard, shapes in tensors.items():
-        _safetensors(d / shard, shapes)
-    (d / "model.safetensors.index.json").write_text(json.dumps(
-        {"weight_map": {name: shard for shard, shapes in tensors.items() for name in shapes}}))
-    return d
+    return write_stand_in(tmp_path / "ckpt", {
+        SHARDS[0]: {"model.language_model.embed_tokens.weight": [text["vocab_size"], text["hidden_size"]]},
+        SHARDS[1]: {"lm_head.weight": [spec.text_size, text["hidden_size"]]},
+        SHARDS[2]: {"model.vision_tokenizer.quant_conv.weight": [4, 4], "model.audio_tokenizer.x": [2]}}, spec=spec)
 
 
 @pytest.fixture()
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An empty Hub cache the resolver reads, offline."""
-    root = tmp_path / "hf-cache"
-    root.mkdir()
-    monkeypatch.setenv("HF_HUB_CACHE", str(root))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    return root
+def cache(apertus_offline_hub: dict[str, str]) -> Path:
+    """An empty Hub cache the resolver reads, offline (the ``apertus`` pytest plugin's)."""
+    return Path(apertus_offline_hub["HF_HUB_CACHE"])
 
 
 def test_hub_ids_and_paths_are_told_apart() -> None:

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from apertus_plugins.core.packing import (
+    PackingConfig,
     best_fit_decreasing,
     concat_sample_index,
     cp_partition_indices,
@@ -225,3 +226,40 @@ def test_cp_partition_errors() -> None:
         cp_partition_indices([1, 4], 1, 0)
     with pytest.raises(ValueError, match="multiple must be >= 1"):
         pad_to_multiple([3], 0)
+
+
+# ------------------------------------------------------------------------------ the packing settings
+def test_packing_config_answers_per_prefix() -> None:
+    cfg = PackingConfig(sft_prefixes=("data/./sft",), bfd_prefixes=("data/long/",), sft_oversize="error")
+    assert cfg.sft_prefixes == ("data/sft",) and cfg.bfd_prefixes == ("data/long",)  # compared normalized
+    assert cfg.is_sft("data/sft") and cfg.is_sft("./data/sft") and not cfg.is_sft("data/long") and not cfg.is_sft(None)
+    assert cfg.is_bfd("data//long") and not cfg.is_bfd("data/web")
+    # conversations follow sft_oversize; packed pretraining documents always split
+    assert cfg.oversize("data/sft") == "error" and cfg.oversize("data/long") == "split"
+    assert PackingConfig(sft_prefixes=("s",), sft_oversize="split").oversize("s") == "split"
+    assert cfg.describe() == ["best-fit-decreasing pretraining prefixes ['data/long']"]
+    assert PackingConfig().describe() == []
+
+
+def test_packing_config_capacity_and_slots() -> None:
+    plain = PackingConfig()
+    assert not plain.padded and plain.capacity(8) == 9  # S + 1 tokens: the last only a label
+    assert plain.slots([3, 5]).tolist() == [3, 5]
+    padded = PackingConfig(packed_sequences=True, pad_multiple=4)
+    assert padded.padded and padded.capacity(8) == 8  # a piece of n tokens takes pad(n) of the S inputs
+    assert padded.slots([3, 5, 8]).tolist() == [4, 8, 8]
+    packed = best_fit_decreasing(padded.slots([3, 5, 8]), padded.capacity(8), oversize=padded.oversize("x"))
+    assert sorted(packed.bin_lengths().tolist()) == [4, 8, 8]
+    assert padded.describe() == ["packed sequences (THD cu_seqlens), documents padded to multiples of 4"]
+    assert PackingConfig(packed_sequences=True).describe() == ["packed sequences (THD cu_seqlens)"]
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"sft_prefixes": ("a",), "bfd_prefixes": ("./a",)}, "both name a: a prefix holds either"),
+    ({"sft_oversize": "own_bin"}, "sft_oversize must be one of error, split, got 'own_bin'"),
+    ({"packed_sequences": True, "pad_multiple": 0}, "pad_multiple must be >= 1, got 0"),
+    ({"pad_multiple": 2}, "pad_multiple 2: only packed sequences are padded"),
+])
+def test_packing_config_refuses_bad_settings(fields: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PackingConfig(**fields)

@@ -26,19 +26,11 @@ from megatron_patches.checkpoint import load_megatron
 REPO = "apertus-test/Apertus-tiny"
 
 
-@pytest.fixture()
-def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    env = {"HF_HUB_CACHE": str(tmp_path / "hf-cache"), "HF_HUB_OFFLINE": "1"}
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    return env
-
-
-def test_convert_to_megatron_takes_a_hub_id(tmp_path: Path, offline: dict[str, str], process_group: None,
+def test_convert_to_megatron_takes_a_hub_id(tmp_path: Path, apertus_offline_hub: dict[str, str], process_group: None,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     cfg = tiny_text_config()
     hf = write_hf_dir(tmp_path / "hf", cfg, tiny_hf_tensors(cfg))
-    add_to_cache(hf, REPO, revision="stage-sft", cache=offline["HF_HUB_CACHE"])
+    add_to_cache(hf, REPO, revision="stage-sft", cache=apertus_offline_hub["HF_HUB_CACHE"])
     assert apertus(["convert", "to-megatron", f"{REPO}@stage-sft", str(tmp_path / "by-id")]) == 0
     assert apertus(["convert", "to-megatron", str(hf), str(tmp_path / "by-dir")]) == 0
     capsys.readouterr()
@@ -50,7 +42,7 @@ def test_convert_to_megatron_takes_a_hub_id(tmp_path: Path, offline: dict[str, s
     assert f"{REPO}@main is not in the Hugging Face cache" in capsys.readouterr().err
 
 
-def test_tokenize_reads_a_hub_checkpoint_and_its_own_tokenizer(tmp_path: Path, offline: dict[str, str]) -> None:
+def test_tokenize_reads_a_hub_checkpoint_and_its_own_tokenizer(tmp_path: Path, apertus_offline_hub: dict[str, str]) -> None:
     ws = workspace()
     ckpt = ws.checkpoint
     weight_map = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"] \
@@ -60,13 +52,13 @@ def test_tokenize_reads_a_hub_checkpoint_and_its_own_tokenizer(tmp_path: Path, o
         weights = [p.name for p in ckpt.glob("*.safetensors")]
     else:
         weights = sorted({f for n, f in weight_map.items() if n.startswith((VISION_PREFIX, AUDIO_PREFIX))})
-    add_to_cache(ckpt, REPO, cache=offline["HF_HUB_CACHE"], files=[*small, *weights])
+    add_to_cache(ckpt, REPO, cache=apertus_offline_hub["HF_HUB_CACHE"], files=[*small, *weights])
 
     common = [str(ws.folder), "--batch-size", "4", "--no-progress", "--workers", "0"]
-    by_id = cli(["pretrain", *common, "--out", str(tmp_path / "by-id"), "--checkpoint", REPO], env=offline)
+    by_id = cli(["pretrain", *common, "--out", str(tmp_path / "by-id"), "--checkpoint", REPO], env=apertus_offline_hub)
     assert by_id.returncode == 0, by_id.stderr[-3000:]
     by_dir = cli(["pretrain", *common, "--out", str(tmp_path / "by-dir"), "--checkpoint", str(ckpt),
-                  "--tokenizer", str(ckpt)], env=offline)
+                  "--tokenizer", str(ckpt)], env=apertus_offline_hub)
     assert by_dir.returncode == 0, by_dir.stderr[-3000:]
     for suffix in (".bin", ".idx"):
         assert (tmp_path / f"by-id{suffix}").read_bytes() == (tmp_path / f"by-dir{suffix}").read_bytes()
@@ -75,14 +67,14 @@ def test_tokenize_reads_a_hub_checkpoint_and_its_own_tokenizer(tmp_path: Path, o
     assert last == (f"image layout: training (written, {images:,} images) | {serving_layout('image')} (serving) -- "
                     "they differ: train/serve skew, recorded in the manifest"), by_id.stdout
     inference = cli(["pretrain", *common, "--out", str(tmp_path / "inf"), "--checkpoint", REPO, "--image-layout",
-                     "inference"], env=offline)
+                     "inference"], env=apertus_offline_hub)
     assert inference.returncode == 0, inference.stderr[-3000:]
     assert inference.stdout.strip().splitlines()[-1].endswith("| inference (serving) -- the same")
 
     none = cli(["pretrain", *common, "--out", str(tmp_path / "none")])
     assert none.returncode == 1 and "give --tokenizer" in none.stderr
     missing = cli(["pretrain", *common, "--out", str(tmp_path / "m"), "--checkpoint", "apertus-test/nothing"],
-                  env=offline)
+                  env=apertus_offline_hub)
     assert missing.returncode == 1
     assert "--checkpoint 'apertus-test/nothing': not a local directory, and the Hub model apertus-test/nothing is " \
            "not in the Hugging Face cache" in missing.stderr

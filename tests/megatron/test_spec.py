@@ -13,6 +13,7 @@ import torch
 from conftest import tiny_text_config
 
 from apertus_plugins.core import xielu
+from apertus_plugins.testing.memory import saved_tensor_bytes
 from megatron_patches.checkpoint import build_cpu_model, transformer_config
 from megatron_patches.convert import HF_PREFIX_15, ModelShape, megatron_names, megatron_to_hf
 from megatron_patches.spec import XIELU, ApertusMLP, apertus_layer_spec, build_gpt_model, local_to_checkpoint_name
@@ -130,20 +131,8 @@ def test_weight_decay_on_every_parameter(process_group: None) -> None:
 
 # ------------------------------------------------------------------------------ the fused xIELU
 def _saved_activation_bytes(module: torch.nn.Module, x: torch.Tensor) -> int:
-    """Bytes of the distinct non-parameter tensors autograd keeps for the backward pass of ``module(x)`` (scalars,
-    such as xIELU's alpha, beta and eps, are not activations and are left out)."""
-    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params and t.numel() > 1:
-            seen[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        module(x)
-    return sum(seen.values())
+    """Bytes of the non-parameter tensors autograd keeps for the backward pass of ``module(x)``."""
+    return saved_tensor_bytes(lambda: module(x), module.parameters())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -18,8 +18,8 @@ from _encoder_oracles import port_audio
 from transformers.models.wavtokenizer.feature_extraction_wavtokenizer import WavTokenizerFeatureExtractor
 
 from apertus_plugins.core.media import audio
-from apertus_plugins.encoders import AudioTokenizer, AudioTokenizerConfig, encode_audio, encode_audio_padded
-from apertus_plugins.testing.random_weights import init_random_weights
+from apertus_plugins.encoders import AudioTokenizer, encode_audio, encode_audio_padded
+from apertus_plugins.testing.random_weights import random_audio_tokenizer
 
 #: One batch of mixed lengths (24 kHz samples): two equal longest, short ones, one of at most five codes.
 BATCH = [24_000, 5_003, 17_999, 24_000, 1_800, 12_601, 600 * 9 + 1]
@@ -27,9 +27,7 @@ BATCH = [24_000, 5_003, 17_999, 24_000, 1_800, 12_601, 600 * 9 + 1]
 
 @pytest.fixture(scope="module")
 def audio_tok() -> AudioTokenizer:
-    tok = AudioTokenizer(AudioTokenizerConfig.tiny())
-    init_random_weights(tok, seed=12)
-    return tok
+    return random_audio_tokenizer(seed=12)
 
 
 def _raw(n: int, rng: np.random.Generator) -> np.ndarray:

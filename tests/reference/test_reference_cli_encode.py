@@ -17,15 +17,10 @@ from PIL import Image
 from transformers import Apertus1p5ForConditionalGeneration, AutoProcessor
 
 from apertus_plugins.core.media import audio
+from apertus_plugins.testing.scripts import run_apertus as apertus
 
 ROOT = Path(__file__).resolve().parents[2]
 rng = np.random.default_rng(9)
-
-
-def apertus(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "apertus_plugins.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=600)
 
 
 @pytest.fixture(scope="module")

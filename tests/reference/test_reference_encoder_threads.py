@@ -11,16 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from apertus_plugins.encoders import (
-    AudioTokenizer,
-    AudioTokenizerConfig,
-    VisionTokenizer,
-    VisionTokenizerConfig,
-    encode_threads,
-    planned_threads,
-)
+from apertus_plugins.encoders import encode_threads, planned_threads
 from apertus_plugins.encoders import threads as policy
-from apertus_plugins.testing.random_weights import init_random_weights
+from apertus_plugins.testing.random_weights import random_audio_tokenizer, random_vision_tokenizer
 
 
 def _cores() -> int:
@@ -111,10 +104,7 @@ def test_a_busy_neighbour_takes_a_thread_away(monkeypatch, all_cores):
 
 
 def test_codes_do_not_depend_on_the_thread_count(monkeypatch):
-    vision = VisionTokenizer(VisionTokenizerConfig.tiny())
-    init_random_weights(vision, seed=3)
-    audio = AudioTokenizer(AudioTokenizerConfig.tiny())
-    init_random_weights(audio, seed=4)
+    vision, audio = random_vision_tokenizer(seed=3), random_audio_tokenizer(seed=4)
     rng = np.random.default_rng(0)
     pixels = torch.from_numpy(rng.uniform(-1, 1, (2, 3, 64, 96)).astype(np.float32))
     wave = torch.from_numpy((0.3 * rng.standard_normal((2, 7_000))).astype(np.float32))

@@ -30,7 +30,7 @@ from apertus_plugins.encoders import (
     image_ids,
     precision_scope,
 )
-from apertus_plugins.testing.random_weights import init_random_weights
+from apertus_plugins.testing.random_weights import init_random_weights, random_audio_tokenizer, random_vision_tokenizer
 
 rng = np.random.default_rng(20260)
 
@@ -51,16 +51,12 @@ CLIP_LENGTHS = [1, 37, 599, 600, 601, 1199, 1800, 5003, 24_000, 24_000 * 3 + 17]
 
 @pytest.fixture(scope="module")
 def vision() -> VisionTokenizer:
-    tok = VisionTokenizer(VisionTokenizerConfig.tiny())
-    init_random_weights(tok, seed=11)
-    return tok
+    return random_vision_tokenizer(seed=11)
 
 
 @pytest.fixture(scope="module")
 def audio_tok() -> AudioTokenizer:
-    tok = AudioTokenizer(AudioTokenizerConfig.tiny())
-    init_random_weights(tok, seed=12)
-    return tok
+    return random_audio_tokenizer(seed=12)
 
 
 @pytest.fixture(scope="module")

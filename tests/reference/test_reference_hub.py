@@ -9,9 +9,6 @@ only the small files and the encoder shards, which is what the loaders fetch thr
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,16 +18,9 @@ from PIL import Image
 
 from apertus_plugins.core.tensor_names import AUDIO_PREFIX, VISION_PREFIX
 from apertus_plugins.infra.hub import HubError, add_to_cache
+from apertus_plugins.testing.scripts import run_apertus as apertus
 
-ROOT = Path(__file__).resolve().parents[2]
 REPO = "apertus-test/Apertus-tiny-random"
-
-
-def apertus(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    full = {**os.environ, **(env or {}),
-            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "apertus_plugins.cli", *args], capture_output=True, text=True,
-                          env=full, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +29,6 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     r = apertus("make-checkpoint", str(out), "--seed", "5", "--shard-size", "400KB")
     assert r.returncode == 0, r.stderr
     return out
-
-
-@pytest.fixture()
-def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    env = {"HF_HUB_CACHE": str(tmp_path / "hf-cache"), "HF_HUB_OFFLINE": "1"}
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    return env
 
 
 def _encoder_only_cache(ckpt: Path, cache: str) -> tuple[Path, list[str]]:
@@ -59,10 +41,10 @@ def _encoder_only_cache(ckpt: Path, cache: str) -> tuple[Path, list[str]]:
     return add_to_cache(ckpt, REPO, cache=cache, files=[*small, *sorted(encoder)]), others
 
 
-def test_the_encoders_load_from_a_cache_holding_only_their_shards(ckpt: Path, offline: dict[str, str]) -> None:
+def test_the_encoders_load_from_a_cache_holding_only_their_shards(ckpt: Path, apertus_offline_hub: dict[str, str]) -> None:
     from apertus_plugins.encoders import load_audio_tokenizer, load_media_tokenizers, load_vision_tokenizer
 
-    snap, others = _encoder_only_cache(ckpt, offline["HF_HUB_CACHE"])
+    snap, others = _encoder_only_cache(ckpt, apertus_offline_hub["HF_HUB_CACHE"])
     assert not any((snap / f).exists() for f in others)
     vision, audio = load_media_tokenizers(REPO)
     want_v, want_a = load_media_tokenizers(ckpt)
@@ -75,25 +57,25 @@ def test_the_encoders_load_from_a_cache_holding_only_their_shards(ckpt: Path, of
         load_media_tokenizers("apertus-test/nothing")
 
 
-def test_encode_takes_a_hub_id(ckpt: Path, offline: dict[str, str], tmp_path: Path) -> None:
-    _encoder_only_cache(ckpt, offline["HF_HUB_CACHE"])
+def test_encode_takes_a_hub_id(ckpt: Path, apertus_offline_hub: dict[str, str], tmp_path: Path) -> None:
+    _encoder_only_cache(ckpt, apertus_offline_hub["HF_HUB_CACHE"])
     img = tmp_path / "a.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 56, 3), dtype=np.uint8)).save(img)
-    by_id = apertus("encode", "--checkpoint", REPO, str(img), env=offline)
-    by_dir = apertus("encode", "--checkpoint", str(ckpt), str(img), env=offline)
+    by_id = apertus("encode", "--checkpoint", REPO, str(img), env=apertus_offline_hub)
+    by_dir = apertus("encode", "--checkpoint", str(ckpt), str(img), env=apertus_offline_hub)
     assert by_id.returncode == 0 and by_dir.returncode == 0, by_id.stderr + by_dir.stderr
     assert json.loads(by_id.stdout) == json.loads(by_dir.stdout)
-    missing = apertus("encode", "--checkpoint", "apertus-test/nothing@v1", str(img), env=offline)
+    missing = apertus("encode", "--checkpoint", "apertus-test/nothing@v1", str(img), env=apertus_offline_hub)
     assert missing.returncode == 1
     assert "checkpoint 'apertus-test/nothing@v1': not a local directory, and the Hub model apertus-test/nothing@v1 " \
            "is not in the Hugging Face cache" in missing.stderr
 
 
-def test_merge_text_weights_takes_hub_ids(ckpt: Path, offline: dict[str, str], tmp_path: Path) -> None:
+def test_merge_text_weights_takes_hub_ids(ckpt: Path, apertus_offline_hub: dict[str, str], tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    add_to_cache(ckpt, REPO, cache=offline["HF_HUB_CACHE"])
-    r = apertus("merge-text-weights", REPO, f"{REPO}@main", str(tmp_path / "out"), env=offline)
+    add_to_cache(ckpt, REPO, cache=apertus_offline_hub["HF_HUB_CACHE"])
+    r = apertus("merge-text-weights", REPO, f"{REPO}@main", str(tmp_path / "out"), env=apertus_offline_hub)
     assert r.returncode == 0, r.stderr
     merged = {k: v for f in sorted((tmp_path / "out").glob("*.safetensors")) for k, v in load_file(str(f)).items()}
     released = {k: v for f in sorted(ckpt.glob("*.safetensors")) for k, v in load_file(str(f)).items()}

@@ -29,7 +29,6 @@ from apertus_plugins.encoders import (
     AudioTokenizerConfig,
     CheckpointError,
     VisionTokenizer,
-    VisionTokenizerConfig,
     detect_format,
     load_audio_tokenizer,
     load_media_tokenizers,
@@ -37,7 +36,7 @@ from apertus_plugins.encoders import (
 )
 from apertus_plugins.encoders import loaders as loaders_mod
 from apertus_plugins.testing.checkpoint import write_checkpoint
-from apertus_plugins.testing.random_weights import init_random_weights
+from apertus_plugins.testing.random_weights import random_audio_tokenizer, random_vision_tokenizer
 
 rng = np.random.default_rng(5)
 PIXELS = [torch.from_numpy(rng.uniform(-1, 1, (1, 3, h, w)).astype(np.float32)) for h, w in [(128, 128), (96, 224)]]
@@ -56,16 +55,12 @@ def _same_audio(loaded: AudioTokenizer, port) -> None:
 
 @pytest.fixture(scope="module")
 def vision() -> VisionTokenizer:
-    tok = VisionTokenizer(VisionTokenizerConfig.tiny())
-    init_random_weights(tok, seed=21)
-    return tok
+    return random_vision_tokenizer(seed=21)
 
 
 @pytest.fixture(scope="module")
 def audio_tok() -> AudioTokenizer:
-    tok = AudioTokenizer(AudioTokenizerConfig.tiny())
-    init_random_weights(tok, seed=22)
-    return tok
+    return random_audio_tokenizer(seed=22)
 
 
 @pytest.fixture(scope="module")

@@ -20,12 +20,12 @@ state, no randomness, and a resumed run plans the same batches.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from apertus_plugins.core.media.audio import SAMPLE_RATE
 
-__all__ = ["AUDIO_BATCHINGS", "AudioBatching", "duration_buckets", "duration_batches"]
+__all__ = ["AUDIO_BATCHINGS", "AudioBatching", "cut_batches", "duration_buckets", "duration_batches"]
 
 #: The audio batchings (see the module docstring); the first is the default.
 AUDIO_BATCHINGS = ("exact", "report")
@@ -83,15 +83,25 @@ def duration_batches(lengths: Sequence[int], batching: AudioBatching, batch_size
         groups.setdefault(b, []).append(pos)
     out: list[list[int]] = []
     for b in sorted(groups):
-        cur: list[int] = []
-        total = 0
-        for pos in groups[b]:
-            n = int(lengths[pos])
-            if cur and (len(cur) >= batch_size or total + n > batching.max_samples):
-                out.append(cur)
-                cur, total = [], 0
-            cur.append(pos)
-            total += n
-        if cur:
+        out += cut_batches(((pos, int(lengths[pos])) for pos in groups[b]), batch_size, batching.max_samples)
+    return out
+
+
+def cut_batches(entries: Iterable[tuple[int, int]], batch_size: int, budget: int) -> list[list[int]]:
+    """``(index, size)`` in order, cut into runs of at most ``batch_size`` items whose sizes sum to at most
+    ``budget`` (the codes of an encoder batch in the plan, the 24 kHz samples of a report-style audio batch).
+
+    An item larger than ``budget`` alone is a batch of its own.
+    """
+    out: list[list[int]] = []
+    cur: list[int] = []
+    total = 0
+    for i, n in entries:
+        if cur and (len(cur) >= batch_size or total + n > budget):
             out.append(cur)
+            cur, total = [], 0
+        cur.append(i)
+        total += n
+    if cur:
+        out.append(cur)
     return out

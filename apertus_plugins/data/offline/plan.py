@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 
 from apertus_plugins.data.offline import storage
 
-from .batching import AudioBatching, duration_batches
+from .batching import AudioBatching, cut_batches, duration_batches
 from .sources import Item
 
 __all__ = ["PLAN_FORMAT", "PLAN_VERSION", "Batch", "BatchRef", "PartRow", "Plan", "Layout", "make_batches",
@@ -118,25 +118,6 @@ class Plan:
         fields["plan_skipped_latest"] = fields["plan_skipped_latest"] or []
         fields["referenced"] = fields["referenced"] or []
         return cls(**fields)
-
-
-def cut_batches(entries: Iterable[tuple[int, int]], batch_size: int, batch_codes: int) -> list[list[int]]:
-    """``(index, codes)`` in order, cut into runs of at most ``batch_size`` items and ``batch_codes`` codes.
-
-    An item larger than ``batch_codes`` alone is a batch of its own.
-    """
-    out: list[list[int]] = []
-    cur: list[int] = []
-    codes = 0
-    for i, c in entries:
-        if cur and (len(cur) >= batch_size or codes + c > batch_codes):
-            out.append(cur)
-            cur, codes = [], 0
-        cur.append(i)
-        codes += c
-    if cur:
-        out.append(cur)
-    return out
 
 
 def window_batches(items: list[Item], batch_size: int, batch_codes: int,
