@@ -228,6 +228,7 @@ def test_rlvr_modes_are_verls_with_the_truncation_rate_against_the_cap():
     counts the responses as long as the longest; the RLVR modes count those that reached the cap."""
     from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
     from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
+
     from verl_ext.trainers import RLVRColocateAsyncTrainer, RLVRSeparateAsyncTrainer, truncation_ratio
 
     assert issubclass(RLVRColocateAsyncTrainer, PPOTrainerColocateAsync)
