@@ -31,6 +31,8 @@ from verl import DataProto
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
+from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
+from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.debug import marked_timer
@@ -45,7 +47,7 @@ from .schedule import install_lr_schedule
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ApertusActorRolloutRefWorker", "SDPOTrainer", "OnlineDPOTrainer", "OfflineDPOTrainer", "NoRollout",
+__all__ = ["ApertusActorRolloutRefWorker", "RLVRColocateAsyncTrainer", "RLVRSeparateAsyncTrainer", "SDPOTrainer", "OnlineDPOTrainer", "OfflineDPOTrainer", "NoRollout",
            "NoRolloutReplica"]
 
 
@@ -399,6 +401,14 @@ def field_list(value: Any) -> list[Any]:
     return list(value.tolist())
 
 
+def truncation_ratio(response_lengths: Any, max_response_length: int) -> float:
+    """The share of responses that reached the rollout cap ``data.max_response_length`` (truncated rollouts)."""
+    lengths = np.asarray(response_lengths, dtype=float)
+    if max_response_length <= 0:
+        raise ValueError(f"data.max_response_length must be positive, got {max_response_length}")
+    return float(np.mean(lengths >= max_response_length)) if lengths.size else float("nan")
+
+
 def step_metrics(tags: list[dict[str, Any]], timing_raw: dict[str, float], global_steps: int, epoch: int,
                  n_gpus: int, max_response_length: int | None = None) -> dict[str, float]:
     """Step, epoch, timings, sequence lengths and throughput of a step, under verl's metric names.
@@ -414,7 +424,7 @@ def step_metrics(tags: list[dict[str, Any]], timing_raw: dict[str, float], globa
             out.update({f"{name}/mean": float(np.mean(values)), f"{name}/max": max(values), f"{name}/min": min(values)})
     responses = [float(t["response_len"]) for t in rows if "response_len" in t]
     if max_response_length is not None and responses:
-        out["response_length/clip_ratio"] = float(np.mean([r >= max_response_length for r in responses]))
+        out["response_length/clip_ratio"] = truncation_ratio(responses, max_response_length)
     tokens = sum(int(t["seq_len"]) for t in rows)
     out["perf/total_num_tokens"] = float(tokens)
     if timing_raw.get("step"):
@@ -427,3 +437,45 @@ def tq_fields(fields: dict[str, Any], batch_size: int) -> Any:
     from tensordict import TensorDict
 
     return TensorDict(fields, batch_size=batch_size)
+
+
+class _CapTruncationRate:
+    """verl 0.9's v1 trainers pad a step's responses to the step's longest before its PPO metrics, so verl's
+    ``response_length/clip_ratio`` is the share of responses as long as the longest of the step (one in eight
+    with a longest response of 172 tokens under a cap of 448, measured on CPU), not the share that reached
+    ``data.max_response_length``. The RLVR modes below replace it with the share that reached the cap: the
+    truncation rate, as the SDPO and online DPO trainers compute it (:func:`step_metrics`). Everything else is
+    verl's mode of :attr:`verl_mode`, which verl's trainer sees as its ``trainer.v1.trainer_mode`` (verl keys
+    its mode settings, ``trainer.v1.<mode>``, and its code paths on that name)."""
+
+    verl_mode = ""
+
+    def __init__(self, config: Any) -> None:
+        from omegaconf import open_dict
+
+        with open_dict(config):
+            config.trainer.v1.trainer_mode = self.verl_mode
+        super().__init__(config)  # type: ignore[call-arg]
+
+    def _compute_metrics(self, batch: KVBatchMeta, metrics: dict, timing_raw: dict, global_steps: int,
+                         epoch: int) -> None:
+        super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)  # type: ignore[misc]
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["responses"])
+        lengths = data["responses"].offsets().diff().tolist()
+        real = [n for n, tag in zip(lengths, batch.tags, strict=True) if not tag.get("is_padding", False)]
+        cap = int(self.config.data.max_response_length)  # type: ignore[attr-defined]
+        metrics["response_length/clip_ratio"] = truncation_ratio(real or lengths, cap)
+
+
+@register_trainer("apertus_colocate_async")
+class RLVRColocateAsyncTrainer(_CapTruncationRate, PPOTrainerColocateAsync):
+    """verl's ``colocate_async`` trainer (the RLVR preset) with the truncation rate against the response cap."""
+
+    verl_mode = "colocate_async"
+
+
+@register_trainer("apertus_separate_async")
+class RLVRSeparateAsyncTrainer(_CapTruncationRate, PPOTrainerSeparateAsync):
+    """verl's ``separate_async`` trainer (``+rlvr_async=separate``) with the truncation rate against the cap."""
+
+    verl_mode = "separate_async"

@@ -38,7 +38,8 @@ def overrides(stage: str, checkpoint, workdir, judge) -> list[str]:
                                  [{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS])
     return [
         f"actor_rollout_ref.model.path={checkpoint}", f"data.train_files={data}", f"data.val_files={data}",
-        "data.train_batch_size=2", "data.max_prompt_length=256", "data.max_response_length=16", "data.shuffle=false",
+        # 512: the attack prompt is 264 ids (its markers are text, byte by byte) and must reach the agent loop
+        "data.train_batch_size=2", "data.max_prompt_length=512", "data.max_response_length=16", "data.shuffle=false",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={1 if stage == 'apertus_online_dpo' else 2}",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
@@ -52,6 +53,11 @@ def overrides(stage: str, checkpoint, workdir, judge) -> list[str]:
         f"trainer.default_local_dir={workdir / 'ckpts'}",
         *cpu_run.ROLLOUT_OVERRIDES, *judge["overrides"],
     ]
+
+
+def check_prompts_kept(run) -> None:
+    """The pre-run check (verl_ext.dataset, the presets' prompt filter) kept every prompt, the attack among them."""
+    assert f"apertus RL prompts: {len(PROMPTS)} of {len(PROMPTS)} kept" in run.log, run.tail()
 
 
 def check_rollout_sync(run) -> None:
@@ -98,6 +104,7 @@ def test_sdpo_rollouts_feedback_teacher_update_and_sync(sdpo_run):
     assert run.metric("actor/sdpo_is_clip_frac") == [0.0, 0.0]
     assert all(math.isfinite(g) and g > 0 for g in run.metric("actor/grad_norm"))
     check_rollout_sync(run)
+    check_prompts_kept(run)
     assert run.metric("response_length/max")[0] <= 16
 
 
@@ -116,6 +123,7 @@ def test_online_dpo_ratings_pairs_reference_update_and_sync(online_dpo_run):
     moved = run.steps[2]
     assert abs(moved["actor/dpo_chosen_rewards"]) + abs(moved["actor/dpo_rejected_rewards"]) > 1e-4
     check_rollout_sync(run)
+    check_prompts_kept(run)
 
 
 @pytest.mark.parametrize("stage", ["sdpo", "online_dpo"])

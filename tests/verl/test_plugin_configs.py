@@ -20,7 +20,8 @@ out = {
     "transformers": [cfg.__module__] + [a._model_mapping[cfg].__name__ for a in (AutoModelForCausalLM, AutoModelForImageTextToText)],
     "plugin_loaded": "verl_ext.plugin" in sys.modules,
     "reward_manager": get_reward_manager_cls("apertus").__name__,
-    "trainers": [get_trainer_cls(n).__name__ for n in ("apertus_sdpo", "apertus_online_dpo", "apertus_offline_dpo")],
+    "trainers": [get_trainer_cls(n).__name__ for n in ("apertus_sdpo", "apertus_online_dpo", "apertus_offline_dpo",
+                                                       "apertus_colocate_async", "apertus_separate_async")],
 }
 print("PROBE" + json.dumps(out))
 """
@@ -34,7 +35,8 @@ def test_entry_point_registers_in_a_fresh_process():
     got = json.loads(line[5:])
     assert got == {"transformers": ["apertus_plugins.hf.configs", "Apertus1p5ForCausalLM", "Apertus1p5ForCausalLM"],
                    "plugin_loaded": True, "reward_manager": "ApertusRewardManager",
-                   "trainers": ["SDPOTrainer", "OnlineDPOTrainer", "OfflineDPOTrainer"]}
+                   "trainers": ["SDPOTrainer", "OnlineDPOTrainer", "OfflineDPOTrainer", "RLVRColocateAsyncTrainer",
+                                "RLVRSeparateAsyncTrainer"]}
     # with verl's switch off, nothing is loaded
     env["VERL_USE_EXTERNAL_PLUGINS"] = "none"
     off = subprocess.run([sys.executable, "-c", "import sys, verl; print('verl_ext.plugin' in sys.modules)"],
@@ -219,3 +221,23 @@ def test_a_third_party_judge_with_only_the_abstract_methods_serves_both_stages()
     assert judge_scores(judge, ["p", "q"], ["ab", "abcd"]) == [3.0, 5.0]
     with pytest.raises(TypeError):
         type("Half", (Judge,), {"rate": lambda self, p, r: 1.0})()  # feedback missing: not a judge
+
+
+def test_rlvr_modes_are_verls_with_the_truncation_rate_against_the_cap():
+    """verl 0.9's v1 PPO metrics pad a step's responses to its longest, so its ``response_length/clip_ratio``
+    counts the responses as long as the longest; the RLVR modes count those that reached the cap."""
+    from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
+    from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
+
+    from verl_ext.trainers import RLVRColocateAsyncTrainer, RLVRSeparateAsyncTrainer, truncation_ratio
+
+    assert issubclass(RLVRColocateAsyncTrainer, PPOTrainerColocateAsync)
+    assert issubclass(RLVRSeparateAsyncTrainer, PPOTrainerSeparateAsync)
+    assert (RLVRColocateAsyncTrainer.verl_mode, RLVRSeparateAsyncTrainer.verl_mode) == ("colocate_async",
+                                                                                        "separate_async")
+    lengths = [172, 40, 12, 90, 3, 77, 100, 8]  # the CPU run's step: verl logged 0.125 (one as long as the longest)
+    assert truncation_ratio(lengths, 448) == 0.0
+    assert truncation_ratio(lengths, 100) == 0.25
+    assert truncation_ratio([448, 448], 448) == 1.0
+    with pytest.raises(ValueError, match="max_response_length"):
+        truncation_ratio(lengths, 0)

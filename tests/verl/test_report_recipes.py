@@ -179,7 +179,8 @@ def test_fully_asynchronous_preset_is_verls_separate_async_with_one_update_per_s
 
     cfg = _compose("apertus_rlvr", ["+rlvr_async=separate"])
     base = _compose("apertus_rlvr")
-    assert cfg.trainer.v1.trainer_mode == "separate_async" and cfg.actor_rollout_ref.hybrid_engine is False
+    assert cfg.trainer.v1.trainer_mode == "apertus_separate_async" and cfg.actor_rollout_ref.hybrid_engine is False
+    assert base.trainer.v1.trainer_mode == "apertus_colocate_async"
     v1 = cfg.trainer.v1.separate_async
     assert cfg.data.train_batch_size == v1.parameter_sync_step * cfg.actor_rollout_ref.actor.ppo_mini_batch_size
     rollout = cfg.actor_rollout_ref.rollout

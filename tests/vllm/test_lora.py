@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from apertus_plugins.hf.modeling import Apertus1p5ForCausalLM
-from apertus_plugins.infra.client import Client
+from apertus_plugins.infra.client import Client, http_json
 from apertus_plugins.testing.lora import write_merged_checkpoint, write_peft_adapter
 from apertus_plugins.testing.serve import CPU_ARGS, VLLMServer
 
@@ -52,7 +52,9 @@ def lora_server(checkpoint, lora_setup, tmp_path_factory):
             "--enable-lora", "--max-lora-rank", str(RANK), "--max-loras", "1",
             "--lora-modules", f"adapter={adapter}"]
     log = tmp_path_factory.mktemp("logs") / "vllm-lora.log"
-    with VLLMServer(checkpoint, args=args, log_path=log, startup_timeout=900) as srv:
+    # adapters loaded at run time too (vLLM's /v1/load_lora_adapter), for the refusals below
+    env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    with VLLMServer(checkpoint, args=args, log_path=log, env=env, startup_timeout=900) as srv:
         yield srv
 
 
@@ -158,3 +160,46 @@ def test_an_image_request_runs_with_the_adapter(lora_server, image_part):
         without = client.json("POST", "/chat/completions", text_only)
     assert with_image["usage"]["completion_tokens"] == 4
     assert with_image["usage"]["prompt_tokens"] > without["usage"]["prompt_tokens"] + 16
+
+
+def _rewrite_adapter(src: Path, dst: Path, change) -> Path:
+    """A copy of the adapter at ``src`` with ``change(name, tensor) -> (name, tensor)`` applied to every tensor."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = dict(change(k, v) for k, v in load_file(str(src / "adapter_model.safetensors")).items())
+    save_file(tensors, str(dst / "adapter_model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+def test_mismatched_adapters_are_refused_and_the_server_keeps_serving(lora_server, lora_setup, checkpoint, tmp_path):
+    """An adapter that does not fit the served checkpoint (rank over --max-lora-rank, a hidden size of another
+    model, a module this model does not have) is refused at load with a message naming the mismatch; the base
+    model and the adapter already loaded keep serving the same tokens. The checks are vLLM's own loader's (the
+    rank, the target modules, the shapes when the weights are placed); the plugin adds none and needs none."""
+    import torch
+
+    adapter, _ = lora_setup
+    prompt = list(PROMPTS[0])
+    before = {m: served_greedy(lora_server, m, prompt) for m in ("apertus", "adapter")}
+    write_peft_adapter(checkpoint, tmp_path / "rank", rank=2 * RANK, alpha=ALPHA)
+    bad = {
+        "rank": (tmp_path / "rank", f"LoRA rank {2 * RANK} is greater than max_lora_rank {RANK}"),
+        "hidden": (_rewrite_adapter(adapter, tmp_path / "hidden", lambda k, v: (
+            k, torch.cat([v, torch.zeros(v.shape[0], 8)], dim=1) if "lora_A" in k else v)), "(128) must match the size "
+                   "of tensor b (136)"),
+        "module": (_rewrite_adapter(adapter, tmp_path / "module", lambda k, v: (k.replace("mlp.down_proj",
+                                                                                          "mlp.router"), v)),
+                   "expected target modules in"),
+    }
+    for name, (path, named) in bad.items():
+        status, body = http_json(lora_server.url("/v1/load_lora_adapter"),
+                                 {"lora_name": f"bad-{name}", "lora_path": str(path)}, timeout=300)
+        # vLLM answers every failed load with 500 (its add_lora error path); the message is the loader's
+        assert status == 500 and named in body["error"]["message"], (name, status, body)
+    with Client(lora_server.base_url, timeout=60) as client:
+        served = {m["id"] for m in client.json("GET", "/models")["data"]}
+    assert served == {"apertus", "adapter"}
+    assert {m: served_greedy(lora_server, m, prompt) for m in ("apertus", "adapter")} == before
