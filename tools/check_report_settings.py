@@ -38,6 +38,7 @@ _SCALE = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
 _NUM = re.compile(r"((?:(?<![A-Za-z0-9])-)?\d[\d,]*(?:\.\d+)?)(?:\\times\s*10\^\{(-?\d+)\}|\s*([KMBT])\b|(%)|\s*(kHz))?")
 _WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9,
           "ten": 10, "zero": 0, "no": 0}
+_WORD_SCALES = {"thousand": 1e3, "million": 1e6, "billion": 1e9}
 
 
 def normalize(text: str) -> str:
@@ -62,8 +63,10 @@ def numbers(text: str) -> list[float]:
     for m in re.finditer(r"(?<![\d.])10\^\{(-?\d+)\}", text):
         out.append(10.0 ** int(m.group(1)))
     for word, value in _WORDS.items():
-        if re.search(rf"\b{word}\b", text, re.IGNORECASE):
+        for m in re.finditer(rf"\b{word}\b(?:\s+(thousand|million|billion))?", text, re.IGNORECASE):
             out.append(float(value))
+            if m.group(1):  # "one million" is 1e6
+                out.append(float(value) * _WORD_SCALES[m.group(1).lower()])
     return out
 
 

@@ -85,7 +85,7 @@ def test_the_checker_reads_the_reports_spellings_of_numbers() -> None:
     for text, value in (("Peak learning rate 1.1\\times 10^{-4}", 1.1e-4), ("Sequence length 8,192", 8192),
                         ("62.9B, 58.7B", 62.9e9), ("grows to 2M", 2e6), ("decays to 10% of", 0.1),
                         ("at 24 kHz", 24000), ("\\epsilon=10^{-8}", 1e-8), ("clipped at a ratio of two", 2),
-                        ("a peak of -3 dBFS", -3)):
+                        ("a peak of -3 dBFS", -3), ("roughly one million trajectories", 1e6)):
         assert any(abs(n - value) <= 1e-9 * abs(value) for n in checker.numbers(text)), (text, value)
     assert -64 not in checker.numbers("the top-64 tokens")
     assert checker.normalize("see [Table 2](https://x/y#T2 \"Table 2 (a)\") and\n more") == "see Table 2 and more"
