@@ -76,8 +76,14 @@ def report_value(text: str, table: str, row: str, column: str) -> str:
 
 
 def main(argv: list[str]) -> int:
+    if argv in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
     if len(argv) != 1:
         print(__doc__)
+        return 2
+    if not Path(argv[0]).is_file():
+        print(f"check_report_numbers: {argv[0]}: no such file (give the report's text)", file=sys.stderr)
         return 2
     text = Path(argv[0]).read_text(encoding="utf-8")
     bad = numbers = 0
