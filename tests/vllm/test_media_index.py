@@ -220,3 +220,18 @@ def test_index_payloads_are_checked():
                 _index_payload(key, (0, 4)), _index_payload(key, (3, -1)),
                 _index_payload(key, (3, 4))[:-1], _index_payload(key, (3, 4)).replace(b"[3, 4]", b"[3.0, 4]")):
         assert _index_entry(bad) is None, bad
+
+
+def test_parts_the_index_does_not_take_keep_vllms_meaning(renderer, store_codes, decodes):
+    data = png_bytes(6)
+    store_codes(data)
+    render(renderer, content_of(data))  # indexed
+    assert len(decodes) == 1
+    # the client's own uuid: vLLM's meaning (its processor cache's key), decoded as before
+    own = render(renderer, [{"type": "image_url", "image_url": {"url": url_of(data)}, "uuid": "mine"}])
+    assert len(decodes) == 2 and "multi_modal_data" not in own  # found by its pixels
+    # a part that is not a data URL of an image, next to one that is: each takes its own path
+    with pytest.raises(ValueError):
+        render(renderer, [*content_of(data), {"type": "image_url", "image_url": {"url": "data:text/plain,hi"}}])
+    mixed = render(renderer, [*content_of(data), {"type": "text", "text": "and"}, *content_of(png_bytes(7))[1:]])
+    assert len(decodes) == 3 and len(mixed["multi_modal_data"]["image"]) == 1  # only the unknown one
