@@ -180,8 +180,16 @@ class Apertus1p5Renderer(HfRenderer):
         are known through the index is replaced by an empty image part with a marker uuid of this
         request, so vLLM neither fetches nor decodes it; returns the messages and each marker's ids.
 
-        Nothing is replaced (and the request is not changed) when the lookup is off or not ready.
+        Nothing is replaced (and the request is not changed) when the lookup is off or not ready, or
+        when anything goes wrong here: the full path is always correct.
         """
+        try:
+            return self._index_lookup(messages, params)
+        except Exception as exc:  # noqa: BLE001 - a shortcut never fails a request
+            logger.warning("apertus: the raw-bytes index was skipped for a request (%s: %s)", type(exc).__name__, exc)
+            return messages, {}
+
+    def _index_lookup(self, messages: list[Any], params: Any) -> tuple[list[Any], dict[str, Any]]:
         from .known_media import OPTION, known_sequence
 
         known = self.known_images
