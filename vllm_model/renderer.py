@@ -35,7 +35,10 @@ image whose codes are stored reaches the engine as token ids (:mod:`vllm_model.k
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import secrets
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache, cached_property
 from typing import Any
@@ -157,9 +160,83 @@ class Apertus1p5Renderer(HfRenderer):
             return None
         return self.mm_processor.info.options(params.mm_processor_kwargs or {})
 
-    def _known_sequences(self, mm_data: Any, params: Any) -> list[Any] | None:
+    def _decode_settings(self, params: Any, options: Mapping[str, Any]) -> str | None:
+        """What turns an image's encoded bytes into the encoder's pixels on this request, as the raw-bytes
+        index keys it (``None``: the request or server sets the image decoder's own options, and the
+        index is not used)."""
+        io_kwargs = params.media_io_kwargs or getattr(self.model_config.multimodal_config, "media_io_kwargs", None)
+        if (io_kwargs or {}).get("image"):
+            return None
+        import PIL
+        from vllm import envs
+
+        from .processing import _limits_of
+
+        return json.dumps({"decoder": f"PIL {PIL.__version__}, RGB", "max_pixels": envs.VLLM_MAX_IMAGE_PIXELS,
+                           "resize_policy": options["resize_policy"], "limits": repr(_limits_of(options))})
+
+    def _shortcut(self, messages: list[Any], params: Any) -> tuple[list[Any], dict[str, Any]]:
+        """The raw-bytes index (:mod:`vllm_model.known_media`): every image given as a data URL whose codes
+        are known through the index is replaced by an empty image part with a marker uuid of this
+        request, so vLLM neither fetches nor decodes it; returns the messages and each marker's ids.
+
+        Nothing is replaced (and the request is not changed) when the lookup is off or not ready, or
+        when anything goes wrong here: the full path is always correct.
+        """
+        try:
+            return self._index_lookup(messages, params)
+        except Exception as exc:  # noqa: BLE001 - a shortcut never fails a request
+            logger.warning("apertus: the raw-bytes index was skipped for a request (%s: %s)", type(exc).__name__, exc)
+            return messages, {}
+
+    def _index_lookup(self, messages: list[Any], params: Any) -> tuple[list[Any], dict[str, Any]]:
+        from .known_media import OPTION, known_sequence
+
+        known = self.known_images
+        if known is None or not known.ready:
+            return messages, {}
+        try:
+            options = self._media_options(params)
+        except ValueError:  # a bad option: the processor refuses the request with its message
+            return messages, {}
+        if options is None or not options[OPTION]:
+            return messages, {}
+        decode = self._decode_settings(params, options)
+        if decode is None:
+            return messages, {}
+        info = self.mm_processor.info
+        nonce = secrets.token_hex(8)
+        found: dict[str, Any] = {}
+        seen: dict[str, Any] = {}  # one lookup per distinct data URL of the request
+        out: list[Any] = []
+        for message in messages:
+            content = message.get("content") if isinstance(message, dict) else None
+            if not isinstance(content, list):
+                out.append(message)
+                continue
+            parts: list[Any] = []
+            for part in content:
+                url = _data_url(part)
+                if url is not None and url not in seen:
+                    data = _data_url_bytes(url)
+                    hit = None if data is None else known.known_bytes(data, decode)
+                    seen[url] = None if hit is None else known_sequence(hit[0], hit[1], info, options)
+                seq = None if url is None else seen[url]
+                if seq is None:
+                    parts.append(part)
+                    continue
+                marker = f"{_SHORTCUT}{nonce}-{len(found)}"
+                found[marker] = seq
+                parts.append({"type": "image_url", "image_url": None, "uuid": marker})
+            out.append({**message, "content": parts} if found else message)
+        return (out, found) if found else (messages, {})
+
+    def _known_sequences(self, mm_data: Any, mm_uuids: Any, params: Any,
+                         shortcut: Mapping[str, Any]) -> list[Any] | None:
         """The ids of each image of the request whose codes are stored (``None`` per unknown image), or
-        ``None`` when none is known (or the lookup is off for this server or request)."""
+        ``None`` when none is known (or the lookup is off for this server or request). Images that
+        ``shortcut`` replaced take its ids; the others are preprocessed and looked up by their pixels,
+        and their encoded bytes are indexed (the next request with the same bytes skips all that)."""
         from .known_media import OPTION, known_sequence
         from .processing import prepared_image
 
@@ -168,6 +245,8 @@ class Apertus1p5Renderer(HfRenderer):
         if known is None or not known.ready or images is None:
             return None
         images = images if isinstance(images, list) else [images]
+        uuids = (mm_uuids or {}).get("image") if isinstance(mm_uuids, dict) else None
+        uuids = uuids if isinstance(uuids, list) else [uuids] * len(images)
         try:
             options = self._media_options(params)
         except ValueError:  # a bad option: the processor refuses the request with its message
@@ -182,9 +261,19 @@ class Apertus1p5Renderer(HfRenderer):
             except Exception:  # noqa: BLE001 - a refused image: the processor names it on the multimodal path
                 pixels.append(None)
         info = self.mm_processor.info
-        sequences = [None if codes is None else known_sequence(codes, (pil.size[1], pil.size[0]), info, options)
-                     for codes, pil in zip(known.lookup(pixels), (getattr(i, "media", i) for i in images),
-                                           strict=True)]
+        keys, stored = known.lookup_keys(pixels)
+        decode = self._decode_settings(params, options)
+        sequences: list[Any] = []
+        for img, uuid, key, codes in zip(images, uuids, keys, stored, strict=True):
+            if isinstance(uuid, str) and uuid in shortcut:
+                sequences.append(shortcut[uuid])
+                continue
+            pil = getattr(img, "media", img)
+            size = (pil.size[1], pil.size[0]) if key is not None else None
+            raw = getattr(img, "original_bytes", None)
+            if decode is not None and key is not None and isinstance(raw, bytes):
+                known.remember(raw, decode, key, size)
+            sequences.append(None if codes is None else known_sequence(codes, size, info, options))
         return sequences if any(seq is not None for seq in sequences) else None
 
     def _as_text(self, prompt: dict[str, Any], mm_data: Any, mm_uuids: Any,
@@ -211,18 +300,34 @@ class Apertus1p5Renderer(HfRenderer):
         return ({**prompt, "prompt_token_ids": ids}, kept(mm_data),
                 kept(mm_uuids) if isinstance(mm_uuids, dict) else mm_uuids)
 
-    def render_messages(self, messages: list[Any], params: Any) -> tuple[list[Any], dict[str, Any]]:
+    def _render(self, messages: list[Any], params: Any, index: bool = True) -> tuple[list[Any], dict[str, Any]] | None:
+        """``render_messages`` (with the raw-bytes shortcut where ``index``); ``None`` when the shortcut's
+        images could not be written into the prompt (the caller renders again without it)."""
+        messages = lift_reasoning_parts(messages)
+        messages, shortcut = self._shortcut(messages, params) if index else (messages, {})
         try:
             conversation, mm_data, mm_uuids = parse_chat_messages(
-                lift_reasoning_parts(messages), self.model_config, content_format="openai",
+                messages, self.model_config, content_format="openai",
                 media_io_kwargs=params.media_io_kwargs, mm_processor_kwargs=params.mm_processor_kwargs)
         except (ValueError, VLLMClientError):
             raise
         except Exception as exc:  # noqa: BLE001 - an unreadable or unreachable media item is the request's
             raise _request_error("media", exc) from exc
         prompt = self._encode(conversation, params)
-        return conversation, self._attach(*self._as_text(prompt, mm_data, mm_uuids,
-                                                          self._known_sequences(mm_data, params)))
+        sequences = self._known_sequences(mm_data, mm_uuids, params, shortcut)
+        out = self._as_text(prompt, mm_data, mm_uuids, sequences)
+        if shortcut and out[0] is prompt:
+            return None
+        return conversation, self._attach(*out)
+
+    def render_messages(self, messages: list[Any], params: Any) -> tuple[list[Any], dict[str, Any]]:
+        done = self._render(messages, params)
+        if done is None:  # never expected: the core writes one placeholder per image part
+            logger.warning("apertus: the images of a request could not be written into its prompt as ids; "
+                           "rendering it again with every image on the multimodal path")
+            done = self._render(messages, params, index=False)
+        assert done is not None
+        return done
 
     async def _prepare_media(self, mm_data: Any, params: Any) -> None:
         """Preprocess the request's images in the plugin's pool, in parallel (see the module docstring)."""
@@ -246,11 +351,18 @@ class Apertus1p5Renderer(HfRenderer):
             except Exception as exc:  # noqa: BLE001
                 raise _request_error(f"image {k}", exc) from exc
 
-    async def render_messages_async(self, messages: list[Any], params: Any) -> tuple[list[Any], dict[str, Any]]:
+    async def _render_async(self, messages: list[Any], params: Any,
+                            index: bool = True) -> tuple[list[Any], dict[str, Any]] | None:
+        """``render_messages_async`` (with the raw-bytes shortcut where ``index``); ``None`` as :meth:`_render`."""
         options = self._media_options(params)
         deadline = float(options["media_load_seconds"]) if options else None
+        messages = lift_reasoning_parts(messages)
+        shortcut: dict[str, Any] = {}
+        loop = asyncio.get_running_loop()
+        if index and self.known_images is not None and self.known_images.ready:
+            messages, shortcut = await loop.run_in_executor(_media_pool(), self._shortcut, messages, params)
         loading = asyncio.ensure_future(parse_chat_messages_async(
-            lift_reasoning_parts(messages), self.model_config, content_format="openai",
+            messages, self.model_config, content_format="openai",
             media_io_kwargs=params.media_io_kwargs, mm_processor_kwargs=params.mm_processor_kwargs))
         done, _ = await asyncio.wait({loading}, timeout=deadline)
         if not done:
@@ -270,6 +382,44 @@ class Apertus1p5Renderer(HfRenderer):
         prompt = await self._render_with_timeout(self._encode_async(conversation, params))
         sequences = None
         if self.known_images is not None and mm_data:
-            sequences = await asyncio.get_running_loop().run_in_executor(
-                _media_pool(), self._known_sequences, mm_data, params)
-        return conversation, self._attach(*self._as_text(prompt, mm_data, mm_uuids, sequences))
+            sequences = await loop.run_in_executor(
+                _media_pool(), self._known_sequences, mm_data, mm_uuids, params, shortcut)
+        out = self._as_text(prompt, mm_data, mm_uuids, sequences)
+        if shortcut and out[0] is prompt:
+            return None
+        return conversation, self._attach(*out)
+
+    async def render_messages_async(self, messages: list[Any], params: Any) -> tuple[list[Any], dict[str, Any]]:
+        done = await self._render_async(messages, params)
+        if done is None:  # never expected: the core writes one placeholder per image part
+            logger.warning("apertus: the images of a request could not be written into its prompt as ids; "
+                           "rendering it again with every image on the multimodal path")
+            done = await self._render_async(messages, params, index=False)
+        assert done is not None
+        return done
+
+
+_SHORTCUT = "apertus-known-image-"
+
+
+def _data_url(part: Any) -> str | None:
+    """The data URL of an ``image_url`` content part (``None``: another part, another URL, or a part
+    with the client's own uuid, which keeps vLLM's meaning)."""
+    if not isinstance(part, dict) or part.get("type") != "image_url" or part.get("uuid") is not None:
+        return None
+    url = part.get("image_url")
+    url = url.get("url") if isinstance(url, dict) else url
+    return url if isinstance(url, str) and url.startswith("data:") else None
+
+
+def _data_url_bytes(url: str) -> bytes | None:
+    """The bytes of a base64 data URL, decoded as vLLM's media connector decodes them (``None``: not one)."""
+    import pybase64
+
+    spec, sep, data = url[5:].partition(",")
+    if not sep or spec.rpartition(";")[2] != "base64":
+        return None
+    try:
+        return pybase64.b64decode(data, validate=True)
+    except ValueError:
+        return None

@@ -126,10 +126,13 @@ def test_a_stored_image_is_served_as_text_with_the_multimodal_paths_tokens(cache
     assert tokens_text == tokens_mm
     np.testing.assert_allclose(lp_text, lp_mm, rtol=0, atol=1e-4)
 
-    # the same image again: vLLM's prefix cache serves its blocks as it serves repeated text
+    # the same image again, now through the raw-bytes index (not decoded in the API server): the same
+    # prompt and answer, and vLLM's prefix cache serves its blocks as it serves repeated text
     before = prefix_hits(server)
     again = chat(server, content)
+    assert again["prompt_token_ids"] == ids_text
     assert answer(again)[0] == tokens_mm and prefix_hits(server) - before >= len(codes) // 2
+    np.testing.assert_allclose(answer(again)[1], lp_mm, rtol=0, atol=1e-4)
 
     # a known and an unknown image in one request: the known one as ids, the new one through the encoder
     mixed = [image_part, {"type": "text", "text": " and "}, png_part(7)]
