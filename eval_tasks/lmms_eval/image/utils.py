@@ -6,10 +6,16 @@
   text (:func:`apertus_plugins.posttrain.evaluation.extract_choice`).
 - GQA joins its images from the local ``testdev_balanced_images`` configuration when a local
   copy is set (:func:`gqa_process_docs`).
+- MathVista reads the answer from the reply with upstream's extraction prompt, sent to the judge the
+  user names (:func:`mathvista_process_results`): ``APERTUS_EVAL_JUDGE_URL`` (its ``/v1`` URL),
+  ``APERTUS_EVAL_JUDGE_MODEL`` (its served name) and, where it needs one, ``APERTUS_EVAL_JUDGE_API_KEY``;
+  upstream's own extractor is OpenAI's API, set up from other variables when its module is imported.
 """
 
 from __future__ import annotations
 
+import os
+from functools import cache
 from typing import Any
 
 from apertus_plugins.posttrain.evaluation import extract_choice
@@ -19,7 +25,11 @@ from eval_tasks.lmms_eval.common import ApertusTask  # checks the lmms-eval vers
 # isort: split
 from lmms_eval.api.filter import Filter
 
-__all__ = ["ApertusTask", "ProseTolerantChoice", "gqa_process_docs"]
+__all__ = ["ApertusTask", "JUDGE_SETTINGS", "ProseTolerantChoice", "gqa_process_docs", "judge_server",
+           "mathvista_process_results"]
+
+#: the judge the user names: its ``/v1`` URL, its served model name, an API key where it needs one
+JUDGE_SETTINGS = ("APERTUS_EVAL_JUDGE_URL", "APERTUS_EVAL_JUDGE_MODEL", "APERTUS_EVAL_JUDGE_API_KEY")
 
 
 class ProseTolerantChoice(Filter):
@@ -56,3 +66,38 @@ def gqa_process_docs(dataset: Any) -> Any:
     if missing:
         raise KeyError(f"task apertus_gqa: images {missing[:5]} are missing from testdev_balanced_images")
     return dataset.map(lambda doc: {"image": by_id[doc["imageId"]]})
+
+
+@cache
+def _judge(url: str, model: str, key: str) -> Any:
+    from lmms_eval.llm_judge.protocol import ServerConfig
+    from lmms_eval.llm_judge.providers import OpenAIProvider
+    from openai import OpenAI
+
+    server = OpenAIProvider(ServerConfig(model_name=model, temperature=0.0, max_tokens=256, timeout=60, num_retries=3,
+                                         retry_delay=2))
+    server.api_key, server.base_url = key, url
+    server.client, server.use_client = OpenAI(api_key=key, base_url=url), True
+    return server
+
+
+def judge_server(task: str) -> tuple[Any, str]:
+    """``(server, model)``: lmms-eval's OpenAI-compatible judge client for the judge the user names
+    (:data:`JUDGE_SETTINGS`); a clear error naming ``task`` and the settings when none is named."""
+    url_var, model_var, key_var = JUDGE_SETTINGS
+    url, model = os.environ.get(url_var, "").strip(), os.environ.get(model_var, "").strip()
+    if not url or not model:
+        raise RuntimeError(f"task {task}: no judge; set {url_var} (the judge's /v1 URL) and {model_var} (its served "
+                           "model name)")
+    return _judge(url.rstrip("/"), model, os.environ.get(key_var, "").strip() or "EMPTY"), model
+
+
+def mathvista_process_results(doc: dict[str, Any], results: list[str]) -> dict[str, Any]:
+    """Upstream's MathVista scoring (its extraction prompt, normalisation and comparison) with the
+    extraction sent to the named judge (a reply that already is an option or a number needs none)."""
+    from lmms_eval.tasks.mathvista import utils as upstream
+
+    server, model = judge_server("apertus_mathvista_testmini")
+    evaluator = upstream.mathvista_evaluator
+    evaluator.server, evaluator.gpt_model = server, model
+    return upstream.mathvista_process_results(doc, results)
