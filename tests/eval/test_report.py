@@ -112,6 +112,36 @@ def test_plan_errors_name_what_to_change() -> None:
     assert {i.mode for i in plan("image")} == {"off", "think"}
 
 
+def test_a_judged_benchmark_without_a_judge_is_skipped_naming_the_settings_and_the_reports_judge(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MathVista needs the judge the user names (URL and model, no charter); the charter alignment also
+    its charter; the skip reason names what to set and the judge the report used. The other image tasks
+    need nothing of the kind and run."""
+    from types import SimpleNamespace
+
+    from eval_tasks.report.runner import Options, needs, plan
+
+    for var in ("APERTUS_EVAL_JUDGE_URL", "APERTUS_EVAL_JUDGE_MODEL", "APERTUS_EVAL_CHARTER"):
+        monkeypatch.delenv(var, raising=False)
+    opts = Options(suite="image", base_url="http://127.0.0.1:9/v1", output=tmp_path)
+    served = SimpleNamespace(name="m", max_model_len=None)
+    items = plan("image", ["mathvista", "vstar", "chartqa"])
+    problems = needs(items, opts, served, client=None)
+    assert set(problems) == {"apertus_mathvista_testmini", "apertus_mathvista_testmini_think"}
+    reason = problems["apertus_mathvista_testmini"][0]
+    assert reason.startswith("needs a judge: set APERTUS_EVAL_JUDGE_URL, APERTUS_EVAL_JUDGE_MODEL (the report's judge: "
+                             "none named"), reason
+    charter = plan("post-trained-text", ["charter_alignment"])
+    opts = Options(suite="post-trained-text", base_url="http://127.0.0.1:9/v1", output=tmp_path, max_new_tokens=64)
+    assert needs(charter, opts, served, client=None)["apertus_charter_alignment"][0].startswith(
+        "needs a judge: set APERTUS_EVAL_JUDGE_URL, APERTUS_EVAL_JUDGE_MODEL, APERTUS_EVAL_CHARTER")
+    monkeypatch.setenv("APERTUS_EVAL_JUDGE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("APERTUS_EVAL_JUDGE_MODEL", "judge")
+    assert needs(items, opts, served, client=None) == {}
+    assert needs(charter, opts, served, client=None)["apertus_charter_alignment"][0].startswith(
+        "needs a judge: set APERTUS_EVAL_CHARTER")
+
+
 # ------------------------------------------------------------------ against the served checkpoint
 
 def _report(server: VLLMServer, out: Path, *extra: str) -> list[str]:
