@@ -225,10 +225,19 @@ def test_mathvista_extracts_the_answer_with_the_named_judge(vllm_server: VLLMSer
     task = _tasks(["apertus_mathvista_testmini"])["apertus_mathvista_testmini"]
     docs = list(task.test_docs())
     assert [d["pid"] for d in docs] == ["1", "2"] and task.doc_to_visual(docs[0])[0].size == (56, 40)
-    with pytest.raises(RuntimeError, match=r"task apertus_mathvista_testmini: no judge; set APERTUS_EVAL_JUDGE_URL"):
+    with pytest.raises(Exception) as raised:  # noqa: PT011 - lmms-eval retries process_results, then wraps the error
         task.process_results(docs[1], ["I count forty-two of them."])
-    monkeypatch.setenv("APERTUS_EVAL_JUDGE_URL", vllm_server.base_url)
+    cause = raised.value.__cause__ or raised.value
+    assert isinstance(cause, RuntimeError) and str(cause).startswith(
+        "task apertus_mathvista_testmini: no judge; set APERTUS_EVAL_JUDGE_URL"), repr(cause)
+    monkeypatch.setenv("APERTUS_EVAL_JUDGE_URL", f"http://127.0.0.1:{free_port()}/v1")
     monkeypatch.setenv("APERTUS_EVAL_JUDGE_MODEL", SERVED_NAME)
+    with pytest.raises(Exception) as raised:  # noqa: PT011 - as above
+        task.process_results(docs[1], ["I count forty-two of them."])
+    assert "task apertus_mathvista_testmini: the judge at http://127.0.0.1:" in str(raised.value.__cause__), \
+        repr(raised.value.__cause__)
+    assert "(APERTUS_EVAL_JUDGE_URL) is unreachable" in str(raised.value.__cause__)
+    monkeypatch.setenv("APERTUS_EVAL_JUDGE_URL", vllm_server.base_url)
     before = _served_requests(vllm_server)
     exact = task.process_results(docs[0], ["blue"])["llm_as_judge_eval"]  # an option as is: no judge needed
     assert exact["prediction"] == "blue" and exact["true_false"] is True
