@@ -31,7 +31,9 @@ Entry fields (``catalogue.yaml``):
   audio columns; ``overrides``: config keys replaced in the derived task (``!function x.y`` text
   for a function); ``add_filters``: filter pipelines added beside upstream's (lmms-eval);
 - ``needs``: what a run needs beyond the served model: ``tokenizer``, ``unsafe_code``,
-  ``judge``, ``tools`` (the tool-call stops), ``audio_seconds:N`` (clips of up to N seconds);
+  ``judge`` (a judge the user names: ``APERTUS_EVAL_JUDGE_URL``, ``APERTUS_EVAL_JUDGE_MODEL``),
+  ``charter`` (the charter the judge reads: ``APERTUS_EVAL_CHARTER``), ``tools`` (the tool-call
+  stops), ``audio_seconds:N`` (clips of up to N seconds);
 - ``absent``: why the benchmark has no Apertus task (then no harness fields); ``subtask_of``: the
   benchmark of the report an entry is a part of (not counted as one of the report's);
 - ``reference``: the report's numbers for the released 8B: ``off`` (thinking off), ``think``,
@@ -42,6 +44,8 @@ Entry fields (``catalogue.yaml``):
   (RULER's lengths), each ``{label, metric, reference}``;
 - ``base_run``: the benchmark also runs on the base model (a ``<task>_base`` variant: upstream's
   prompt without the chat template), for its base-model number of Tables 13-22;
+- ``report_judge``: for a row that needs a judge, the judge the report scored with (ours is the
+  one the user names), or why it names none;
 - ``categories``: the category set this package runs (``all`` unless it runs a part of the benchmark).
 
 Like for like: every cited table has its setting as data (the top-level ``tables`` of
@@ -200,6 +204,7 @@ class Benchmark:
     subtask_of: str | None = None  # not a benchmark of the report's tables: a part of one (RULER's NIAH)
     base_run: bool = False
     categories: str = "all"
+    report_judge: str | None = None  # the judge the report scored with (a ``judge`` row names it; ours is the user's)
     reference_70b: dict[str, Reference] = field(default_factory=dict)
 
     @property
@@ -372,6 +377,8 @@ def _benchmark(entry: dict[str, Any]) -> Benchmark:
     bad = set(kw["suites"]) - set(SUITES)
     if bad:
         raise _fail(entry, f"unknown suites {sorted(bad)}; known: {', '.join(SUITES)}")
+    if "judge" in kw["needs"] and not kw.get("report_judge"):
+        raise _fail(entry, "a row that needs a judge names the report's (report_judge), or says why it names none")
     if kw.get("think", False) not in _THINK:
         raise _fail(entry, f"think must be one of {_THINK}")
     if entry.get("absent"):

@@ -298,6 +298,8 @@ def _settings(b: Benchmark) -> str:
         parts.append(f"categories: {b.categories}")
     if b.needs:
         parts.append("needs " + ", ".join(b.needs))
+    if b.report_judge:
+        parts.append(f"the report's judge: {b.report_judge}")
     if b.note:
         parts.append(b.note)
     return "; ".join(parts)

@@ -128,11 +128,12 @@ def needs(items: Sequence[Item], opts: Options, served: Any, client: Any) -> dic
             problems.append("needs the model's tokenizer: --tokenizer (the checkpoint folder or its Hub id)")
         if b.need("unsafe_code") is not None and not opts.allow_code_execution:
             problems.append("executes the model's code to score it: --allow-code-execution")
-        if b.need("judge") is not None:
-            unset = [v for v in ("APERTUS_EVAL_JUDGE_URL", "APERTUS_EVAL_JUDGE_MODEL", "APERTUS_EVAL_CHARTER")
-                     if not os.environ.get(v, "").strip()]
-            if unset:
-                problems.append(f"needs a judge: set {', '.join(unset)}")
+        wanted = [*(("APERTUS_EVAL_JUDGE_URL", "APERTUS_EVAL_JUDGE_MODEL") if b.need("judge") is not None else ()),
+                  *(("APERTUS_EVAL_CHARTER",) if b.need("charter") is not None else ())]
+        unset = [v for v in wanted if not os.environ.get(v, "").strip()]
+        if unset:
+            problems.append(f"needs a judge: set {', '.join(unset)}" + (
+                f" (the report's judge: {b.report_judge})" if b.need("judge") is not None else ""))
         if ctx:
             if b.by_length:
                 longest = max(opts.lengths)

@@ -66,6 +66,26 @@ def write_media_fixtures(root: Path) -> Path:
         {"id": "g1", "image": "img/" + _png(d / "testdev_balanced_images" / "img" / "g1.png", 5)}])
     _jsonl(d / "testdev_balanced_instructions" / "testdev.jsonl", [
         {"id": "q1", "imageId": "g1", "question": "Is the sky blue?", "answer": "yes", "fullAnswer": "Yes."}])
+    d = root / "vstar_bench"
+    _jsonl(d / "test.jsonl", [
+        {"image": "img/" + _png(d / "img" / "s0.png", 6, (72, 96)), "question_id": 0, "category": "direct_attributes",
+         "text": "What is the color of the cup? (A) red (B) blue (C) green (D) white", "label": "B"},
+        {"image": "img/" + _png(d / "img" / "s1.png", 7, (50, 50)), "question_id": 1, "category": "relative_position",
+         "text": "Is the cat left or right of the dog? (A) left (B) right", "label": "A"}])
+    d = root / "mathvista"
+    meta = {"split": "testmini", "language": "english", "source": "fixture", "category": "math-targeted-vqa",
+            "task": "figure question answering", "context": "synthetic scene", "grade": "elementary school",
+            "skills": ["arithmetic reasoning"], "img_height": 40, "img_width": 56}
+    _jsonl(d / "testmini.jsonl", [
+        {"pid": "1", "decoded_image": "img/" + _png(d / "img" / "m1.png", 8), "image": "images/1.jpg",
+         "question": "What colour is the largest shape?", "choices": ["red", "blue", "green"], "unit": None,
+         "precision": None, "answer": "blue", "question_type": "multi_choice", "answer_type": "text",
+         "query": "Question: What colour is the largest shape?\nChoices:\n(A) red\n(B) blue\n(C) green",
+         "metadata": meta},
+        {"pid": "2", "decoded_image": "img/" + _png(d / "img" / "m2.png", 9), "image": "images/2.jpg",
+         "question": "How many dots are there?", "choices": None, "unit": None, "precision": None, "answer": "42",
+         "question_type": "free_form", "answer_type": "integer",
+         "query": "Question: How many dots are there?", "metadata": meta}])
     d = root / "librispeech" / "librispeech_test_clean"
     _jsonl(d / "librispeech_test_clean.jsonl", [
         {"audio": "wav/" + _wav(d / "wav" / "l0.wav", 0.4, 16000, 0), "gt": "hello world",

@@ -302,7 +302,7 @@ def test_charter_alignment_is_a_length_controlled_win_rate() -> None:
 E2E_TASKS = ["apertus_arc_challenge_chat", "apertus_gsm8k_cot_llama", "apertus_minerva_math500",
              "apertus_minerva_math500_think", "apertus_ifeval", "apertus_switzerland_qa", "apertus_or_bench_hard",
              "apertus_bfcl_v3_simple", "apertus_bfcl_v3_parallel", "apertus_bfcl_v3_irrelevance",
-             "apertus_charter_alignment"]
+             "apertus_charter_alignment", "apertus_global_mmlu"]
 METRICS = {
     "apertus_arc_challenge_chat": "exact_match,remove_whitespace", "apertus_gsm8k_cot_llama": "exact_match,strict-match",
     "apertus_minerva_math500": "math_verify,none", "apertus_minerva_math500_think": "math_verify,none",
@@ -362,6 +362,25 @@ def test_lm_eval_runs_the_tasks_end_to_end(vllm_server: VLLMServer, judge_top_lo
     assert _chat(bfcl["arg_0"])[0] == {"role": "system", "content": "Be brief."}
     assert bfcl["arg_1"]["chat_template_kwargs"]["tools"][0]["function"]["name"] == "add"
     assert bfcl["arg_1"]["user"] == "apertus_bfcl_v3_parallel/parallel_0"
+    # Global-MMLU, generated: every language's group and the whole average the letter's exact match;
+    # each leaf asked through the chat template with thinking off, its letter read from the reply
+    from _fixtures import GLOBAL_MMLU_CATEGORIES, GLOBAL_MMLU_LANGS
+
+    assert 0.0 <= results["apertus_global_mmlu"]["exact_match,letter"] <= 1.0
+    for lang in GLOBAL_MMLU_LANGS:
+        assert 0.0 <= results[f"apertus_global_mmlu_{lang}"]["exact_match,letter"] <= 1.0
+    leaves = {name: rows for name, rows in samples.items() if name.startswith("samples_apertus_global_mmlu_")}
+    assert len(leaves) == len(GLOBAL_MMLU_LANGS) * len(GLOBAL_MMLU_CATEGORIES)
+    for rows in leaves.values():
+        assert len(rows) == 1
+        row = rows[0]
+        args = row["arguments"]["gen_args_0"]
+        assert args["arg_1"]["chat_template_kwargs"] == {"enable_thinking": False} and "until" in args["arg_1"]
+        assert [m["role"] for m in _chat(args["arg_0"])] == ["user"]
+        assert _chat(args["arg_0"])[0]["content"].endswith("Answer with the letter of the correct option.")
+        letter = row["filtered_resps"][0]
+        assert letter in ("A", "B", "C", "D", "[invalid]"), row["filtered_resps"]
+        assert row["exact_match"] == float(letter == row["target"]), row
     charter = samples["samples_apertus_charter_alignment"]
     assert all(len(row["lc_win_rate"]) == 3 and 0.0 <= row["win_rate"] <= 1.0 for row in charter)
 

@@ -24,7 +24,7 @@ from eval_tasks.catalogue import load
 from eval_tasks.derive import include_path
 
 LMMS = include_path("lmms_eval")
-IMAGE_TASKS = ["apertus_chartqa", "apertus_ai2d", "apertus_docvqa_val", "apertus_gqa"]
+IMAGE_TASKS = ["apertus_chartqa", "apertus_ai2d", "apertus_docvqa_val", "apertus_gqa", "apertus_vstar_bench"]
 AUDIO_TASKS = ["apertus_librispeech_test_clean", "apertus_fleurs_en", "apertus_tedlium_long_form",
                "apertus_vocalsound_test"]
 
@@ -191,6 +191,60 @@ def test_wrapped_tasks_read_local_images_and_audio(data_env: Path) -> None:
         assert body["max_tokens"] == cap.get(name, 16384), name  # images: the report's 16,384
     # GQA found its image in the local images configuration
     assert tasks["apertus_gqa"].test_docs()[0]["image"].size == (56, 40)
+    # V*Bench: one task over the whole test split, its options as lettered lines, scored by the letter
+    vstar = tasks["apertus_vstar_bench"]
+    docs = list(vstar.test_docs())
+    assert {d["category"] for d in docs} == {"direct_attributes", "relative_position"}
+    assert vstar.doc_to_text(docs[0]).startswith("What is the color of the cup?\nA. red\nB. blue")
+    scored = [vstar.process_results(d, [reply]) for d, reply in zip(docs, ["B. blue", "The answer is (B)"], strict=True)]
+    assert [s["vstar_overall_acc"]["score"] for s in scored] == [1.0, 0.0]
+    # upstream aggregates in percent: the catalogue reads it at scale 1
+    overall = vstar.aggregation()["vstar_overall_acc"]([s["vstar_overall_acc"] for s in scored])
+    assert overall == 50.0 and next(b for b in load() if b.id == "vstar").scale == 1
+
+
+def _served_requests(server: VLLMServer) -> float:
+    """Requests the server has finished (its Prometheus counter)."""
+    import urllib.request
+
+    with urllib.request.urlopen(server.url("/metrics"), timeout=30) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:request_success_total"))
+
+
+def test_mathvista_extracts_the_answer_with_the_named_judge(vllm_server: VLLMServer, data_env: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """MathVista (Table 34) is upstream's testmini task and scoring; the answer is extracted from a free-form
+    reply by upstream's extraction prompt sent to the judge the user names (here the served checkpoint),
+    never to OpenAI; without a judge the task says which settings to set."""
+    from conftest import SERVED_NAME
+
+    for var in ("API_TYPE", "OPENAI_API_KEY", "OPENAI_API_URL", "MODEL_VERSION"):
+        monkeypatch.delenv(var, raising=False)
+    task = _tasks(["apertus_mathvista_testmini"])["apertus_mathvista_testmini"]
+    docs = list(task.test_docs())
+    assert [d["pid"] for d in docs] == ["1", "2"] and task.doc_to_visual(docs[0])[0].size == (56, 40)
+    with pytest.raises(Exception) as raised:  # noqa: PT011 - lmms-eval retries process_results, then wraps the error
+        task.process_results(docs[1], ["I count forty-two of them."])
+    cause = raised.value.__cause__ or raised.value
+    assert isinstance(cause, RuntimeError) and str(cause).startswith(
+        "task apertus_mathvista_testmini: no judge; set APERTUS_EVAL_JUDGE_URL"), repr(cause)
+    monkeypatch.setenv("APERTUS_EVAL_JUDGE_URL", f"http://127.0.0.1:{free_port()}/v1")
+    monkeypatch.setenv("APERTUS_EVAL_JUDGE_MODEL", SERVED_NAME)
+    with pytest.raises(Exception) as raised:  # noqa: PT011 - as above
+        task.process_results(docs[1], ["I count forty-two of them."])
+    assert "task apertus_mathvista_testmini: the judge at http://127.0.0.1:" in str(raised.value.__cause__), \
+        repr(raised.value.__cause__)
+    assert "(APERTUS_EVAL_JUDGE_URL) is unreachable" in str(raised.value.__cause__)
+    monkeypatch.setenv("APERTUS_EVAL_JUDGE_URL", vllm_server.base_url)
+    before = _served_requests(vllm_server)
+    exact = task.process_results(docs[0], ["blue"])["llm_as_judge_eval"]  # an option as is: no judge needed
+    assert exact["prediction"] == "blue" and exact["true_false"] is True
+    assert _served_requests(vllm_server) == before
+    judged = task.process_results(docs[1], ["I count forty-two of them."])["llm_as_judge_eval"]
+    assert _served_requests(vllm_server) > before  # the extraction went to the named judge
+    assert isinstance(judged["extraction"], str) and judged["true_false"] == (judged["prediction"] == "42")
 
 
 def test_ai2d_credits_the_bare_letter_and_reads_prose_beside(data_env: Path) -> None:

@@ -42,7 +42,7 @@ def test_the_catalogue_lists_every_benchmark_of_the_reports_tables() -> None:
                    for row in b.rows for ref in row.reference.values()), b.id
     c = counts()
     assert c["report benchmarks"] == c["with an Apertus task"] + c["absent"] == len(items) - 1  # NIAH: a part of RULER
-    assert c == {"report benchmarks": 121, "with an Apertus task": 88, "absent": 33}
+    assert c == {"report benchmarks": 121, "with an Apertus task": 90, "absent": 31}
     # the numbers of the released 8B, cited by table, row and column (each checked against the report)
     refs = {b.id: {m: r.value for m, r in b.rows[0].reference.items()} for b in items}
     assert refs["math500"] == {"off": 50.2, "think": 71.4} and refs["aime24"] == {"off": 13.3, "think": 22.9}
@@ -51,6 +51,44 @@ def test_the_catalogue_lists_every_benchmark_of_the_reports_tables() -> None:
     assert by_id()["math500"].rows[0].reference["think"].cite() == "Table 25, MATH-500, 8B On"
     for name in SUITES:
         assert suite(name), name
+
+
+#: the benchmarks of the report without an Apertus task whose reason is "the installed harness has none",
+#: each with the pattern its task would carry in a harness's registry
+NOT_IN_THE_HARNESSES = {
+    "ifbench": "ifbench", "multi_ifeval": "multi_?if", "hallulens_precisewiki": "hallulens",
+    "hallulens_longwiki": "hallulens", "hallulens_nonsensical": "hallulens", "harmbench": "harmbench",
+    "arena_hard_v01": "arena_?hard", "arena_hard_v2": "arena_?hard", "alpacaeval2": "^alpaca_?eval",
+    "polyglotoxicity": "polyglo", "aya_redteaming": "aya_?red", "realguardrails_sifeval": "guardrail",
+    "realguardrails_tensortrust": "tensor_?trust|guardrail", "realguardrails_srules": "s_?rules|guardrail",
+    "wmt24pp": "wmt_?24", "swissgov": "swiss_?gov", "helmet": "helmet", "frieda": "frieda", "geobench": "geobench",
+    "vrsbench": "vrsbench", "pathvqa": "path_?vqa", "pmc_vqa": "pmc_?vqa", "vqa_rad": "vqa_?rad",
+    "mm_safety": "mm_?safety",
+}
+
+
+def test_a_benchmark_without_a_task_names_the_harnesses_checked_and_they_lack_it() -> None:
+    """Each missing benchmark's row names the installed harness versions it was checked against, and those
+    registries indeed have no task for it (a harness upgrade that adds one fails here: wire it); the
+    benchmarks they have are wired (V*Bench, MathVista with the named judge)."""
+    import re
+    from importlib.metadata import version
+
+    from lm_eval.tasks import TaskManager as LmTasks
+    from lmms_eval.tasks import TaskManager as LmmsTasks
+
+    registry = set(LmTasks().all_tasks) | set(LmmsTasks().all_tasks)
+    checked = {"lm_eval": f"lm-eval {version('lm_eval')}", "lmms_eval": f"lmms-eval {version('lmms_eval')}"}
+    items = by_id()
+    for bid, pattern in NOT_IN_THE_HARNESSES.items():
+        b = items[bid]
+        assert b.absent, bid
+        image = b.listed.startswith("Table 34")
+        assert checked["lmms_eval"] in b.absent and (image or checked["lm_eval"] in b.absent), (bid, b.absent)
+        found = sorted(t for t in registry if re.search(pattern, t, re.IGNORECASE))
+        assert not found, f"{bid}: the installed harnesses now have {found}: wire it"
+    assert items["vstar"].upstream in registry and items["mathvista"].upstream in registry
+    assert items["mathvista"].need("judge") is not None and items["mathvista"].report_judge
 
 
 def test_the_documentation_lists_the_catalogue() -> None:
@@ -72,6 +110,36 @@ def test_plan_errors_name_what_to_change() -> None:
     assert [(i.task, i.mode) for i in items] == [("apertus_minerva_math500_think", "think"),
                                                  ("apertus_aime24_think", "think")]
     assert {i.mode for i in plan("image")} == {"off", "think"}
+
+
+def test_a_judged_benchmark_without_a_judge_is_skipped_naming_the_settings_and_the_reports_judge(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MathVista needs the judge the user names (URL and model, no charter); the charter alignment also
+    its charter; the skip reason names what to set and the judge the report used. The other image tasks
+    need nothing of the kind and run."""
+    from types import SimpleNamespace
+
+    from eval_tasks.report.runner import Options, needs, plan
+
+    for var in ("APERTUS_EVAL_JUDGE_URL", "APERTUS_EVAL_JUDGE_MODEL", "APERTUS_EVAL_CHARTER"):
+        monkeypatch.delenv(var, raising=False)
+    opts = Options(suite="image", base_url="http://127.0.0.1:9/v1", output=tmp_path)
+    served = SimpleNamespace(name="m", max_model_len=None)
+    items = plan("image", ["mathvista", "vstar", "chartqa"])
+    problems = needs(items, opts, served, client=None)
+    assert set(problems) == {"apertus_mathvista_testmini", "apertus_mathvista_testmini_think"}
+    reason = problems["apertus_mathvista_testmini"][0]
+    assert reason.startswith("needs a judge: set APERTUS_EVAL_JUDGE_URL, APERTUS_EVAL_JUDGE_MODEL (the report's judge: "
+                             "none named"), reason
+    charter = plan("post-trained-text", ["charter_alignment"])
+    opts = Options(suite="post-trained-text", base_url="http://127.0.0.1:9/v1", output=tmp_path, max_new_tokens=64)
+    assert needs(charter, opts, served, client=None)["apertus_charter_alignment"][0].startswith(
+        "needs a judge: set APERTUS_EVAL_JUDGE_URL, APERTUS_EVAL_JUDGE_MODEL, APERTUS_EVAL_CHARTER")
+    monkeypatch.setenv("APERTUS_EVAL_JUDGE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("APERTUS_EVAL_JUDGE_MODEL", "judge")
+    assert needs(items, opts, served, client=None) == {}
+    assert needs(charter, opts, served, client=None)["apertus_charter_alignment"][0].startswith(
+        "needs a judge: set APERTUS_EVAL_CHARTER")
 
 
 # ------------------------------------------------------------------ against the served checkpoint

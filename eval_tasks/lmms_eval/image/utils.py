@@ -6,10 +6,16 @@
   text (:func:`apertus_plugins.posttrain.evaluation.extract_choice`).
 - GQA joins its images from the local ``testdev_balanced_images`` configuration when a local
   copy is set (:func:`gqa_process_docs`).
+- MathVista reads the answer from the reply with upstream's extraction prompt, sent to the judge the
+  user names (:func:`mathvista_process_results`): ``APERTUS_EVAL_JUDGE_URL`` (its ``/v1`` URL),
+  ``APERTUS_EVAL_JUDGE_MODEL`` (its served name) and, where it needs one, ``APERTUS_EVAL_JUDGE_API_KEY``;
+  upstream's own extractor is OpenAI's API, set up from other variables when its module is imported.
 """
 
 from __future__ import annotations
 
+import os
+from functools import cache
 from typing import Any
 
 from apertus_plugins.posttrain.evaluation import extract_choice
@@ -19,7 +25,11 @@ from eval_tasks.lmms_eval.common import ApertusTask  # checks the lmms-eval vers
 # isort: split
 from lmms_eval.api.filter import Filter
 
-__all__ = ["ApertusTask", "ProseTolerantChoice", "gqa_process_docs"]
+__all__ = ["ApertusTask", "JUDGE_SETTINGS", "ProseTolerantChoice", "gqa_process_docs", "judge_server",
+           "mathvista_process_results"]
+
+#: the judge the user names: its ``/v1`` URL, its served model name, an API key where it needs one
+JUDGE_SETTINGS = ("APERTUS_EVAL_JUDGE_URL", "APERTUS_EVAL_JUDGE_MODEL", "APERTUS_EVAL_JUDGE_API_KEY")
 
 
 class ProseTolerantChoice(Filter):
@@ -56,3 +66,107 @@ def gqa_process_docs(dataset: Any) -> Any:
     if missing:
         raise KeyError(f"task apertus_gqa: images {missing[:5]} are missing from testdev_balanced_images")
     return dataset.map(lambda doc: {"image": by_id[doc["imageId"]]})
+
+
+def _preload_mathvista() -> None:
+    """lmms-eval's MathVista module builds an OpenAI client when it is imported, which fails without an
+    OpenAI key, before any task of it can load. Import it once with lmms-eval's credential-free provider
+    (``API_TYPE=dummy``, the environment restored after): :func:`mathvista_process_results` replaces
+    that provider by the named judge before any extraction. The derived task's YAML names this module
+    before it includes upstream's, so this runs first."""
+    import importlib.util
+    import sys
+
+    name = "lmms_eval.tasks.mathvista.mathvista_evals"
+    if name in sys.modules or importlib.util.find_spec("Levenshtein") is None:
+        return  # already loaded, or upstream's own import error names the missing package
+    saved = os.environ.get("API_TYPE")
+    os.environ["API_TYPE"] = "dummy"
+    try:
+        importlib.import_module(name)
+    finally:
+        if saved is None:
+            os.environ.pop("API_TYPE", None)
+        else:
+            os.environ["API_TYPE"] = saved
+
+
+_preload_mathvista()
+
+
+@cache
+def _judge(url: str, model: str, key: str) -> Any:
+    from lmms_eval.llm_judge.protocol import ServerConfig
+    from lmms_eval.llm_judge.providers import OpenAIProvider
+    from openai import OpenAI
+
+    class NamedJudge(OpenAIProvider):
+        """lmms-eval's OpenAI-compatible judge client at the named URL (upstream's reads OpenAI's settings)."""
+
+        def __init__(self, config: ServerConfig) -> None:
+            super(OpenAIProvider, self).__init__(config)
+            self.api_key, self.base_url = key, url
+            self.client, self.use_client = OpenAI(api_key=key, base_url=url), True
+
+    judge = NamedJudge(ServerConfig(model_name=model, temperature=0.0, max_tokens=256, timeout=60, num_retries=3,
+                                    retry_delay=2))
+    try:  # upstream turns a failed extraction into an empty answer (scored wrong): check the judge first
+        served = [m.id for m in judge.client.with_options(timeout=30, max_retries=1).models.list()]
+    except Exception as exc:  # noqa: BLE001 - any failure to reach it is the same to the user
+        raise RuntimeError(f"the judge at {url} ({JUDGE_SETTINGS[0]}) is unreachable: {exc}") from exc
+    if model not in served:
+        raise RuntimeError(f"the judge at {url} serves {served}, not {model!r} ({JUDGE_SETTINGS[1]})")
+    return judge
+
+
+def judge_settings(task: str) -> tuple[str, str, str]:
+    """``(url, model, key)`` of the judge the user names (:data:`JUDGE_SETTINGS`); a clear error naming
+    ``task`` and the settings when none is named."""
+    url_var, model_var, key_var = JUDGE_SETTINGS
+    url, model = os.environ.get(url_var, "").strip(), os.environ.get(model_var, "").strip()
+    if not url or not model:
+        raise RuntimeError(f"task {task}: no judge; set {url_var} (the judge's /v1 URL) and {model_var} (its served "
+                           "model name)")
+    return url.rstrip("/"), model, os.environ.get(key_var, "").strip() or "EMPTY"
+
+
+def judge_server(task: str) -> tuple[Any, str]:
+    """``(server, model)``: lmms-eval's OpenAI-compatible judge client for the named judge, checked to
+    answer and to serve the model (an error naming ``task`` and the setting otherwise)."""
+    url, model, key = judge_settings(task)
+    try:
+        return _judge(url, model, key), model
+    except RuntimeError as exc:
+        raise RuntimeError(f"task {task}: {exc}") from exc
+
+
+def mathvista_process_results(doc: dict[str, Any], results: list[str]) -> dict[str, Any]:
+    """Upstream's MathVista scoring (its extraction prompt, normalisation and comparison) with the
+    extraction sent to the named judge (a reply that already is an option or a number needs none). A
+    failed extraction is an error: upstream would score it as an empty answer."""
+    from lmms_eval.llm_judge.protocol import Request, ServerConfig
+    from lmms_eval.tasks.mathvista import utils as upstream
+
+    task = "apertus_mathvista_testmini"
+    judge_settings(task)  # named, even where this reply needs no extraction
+
+    failures: list[RuntimeError] = []  # upstream logs a failed extraction and scores "": raise it instead
+
+    def ask(prompt: str, temperature: float = 0, max_tokens: int = 256, **_: Any) -> str:
+        try:
+            server, model = judge_server(task)
+            config = ServerConfig(model_name=model, temperature=temperature, max_tokens=max_tokens, timeout=120,
+                                  num_retries=2, retry_delay=1)
+            response = server.evaluate(Request(messages=[{"role": "user", "content": prompt}], config=config))
+        except Exception as exc:  # noqa: BLE001 - the judge's own failure, named
+            failures.append(exc if isinstance(exc, RuntimeError) else RuntimeError(
+                f"task {task}: the judge failed to extract the answer: {exc}"))
+            raise failures[-1] from exc
+        return (response.content or "").strip()
+
+    evaluator = upstream.mathvista_evaluator
+    evaluator.get_chat_response = ask
+    scored = upstream.mathvista_process_results(doc, results)
+    if failures:
+        raise failures[0]
+    return scored
