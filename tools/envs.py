@@ -109,7 +109,11 @@ def _locked(path: Path):
     """An exclusive lock on ``path`` (several checkouts may share one environment cache)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process (the background build, another checkout) holds it: say so
+            log(f"waiting for {path.name.lstrip('.').removesuffix('.lock')}: another process is building it")
+            fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
         finally:

@@ -105,3 +105,33 @@ def test_no_background_build_when_turned_off_or_with_nothing_ahead(monkeypatch: 
     assert dev.start_prebuild(["docs", "core"], dict(os.environ)) is None
     monkeypatch.delenv("APERTUS_PREBUILD")
     assert dev.start_prebuild(["docs"], dict(os.environ)) is None  # one suite that needs no other: nothing ahead
+
+
+def test_an_environment_another_process_is_building_is_waited_for_and_said_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import fcntl
+    import threading
+    import time
+
+    envs = _module("envs")
+    lock = tmp_path / ".vllm-0123.lock"
+    got = threading.Event()
+    with open(lock, "a+") as held:  # the other builder (a second open file: flock excludes it in this process too)
+        fcntl.flock(held, fcntl.LOCK_EX)
+
+        def waiter() -> None:
+            with envs._locked(lock):
+                got.set()
+
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        deadline = time.monotonic() + 30
+        out = ""
+        while "waiting for vllm-0123" not in out and time.monotonic() < deadline:
+            time.sleep(0.05)
+            out += capsys.readouterr().out
+        assert "waiting for vllm-0123: another process is building it" in out
+        assert not got.is_set()
+        fcntl.flock(held, fcntl.LOCK_UN)
+    thread.join(30)
+    assert got.is_set()
