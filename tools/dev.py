@@ -12,7 +12,9 @@
 ``test`` is nox: it builds a small environment holding nox (``tools/requirements.txt``, cached
 beside the suites' environments) and runs the sessions of ``noxfile.py``, one per suite; the
 summary is read from the JUnit XML reports pytest writes (``build/test-reports/<suite>.xml``).
-How the suites' environments are built and cached: ``tools/envs.py``.
+While the first suites run, the environments of the later ones are built in the background at the lowest
+CPU and I/O priority (``tools/envs.py prebuild``, its log in ``build/test-reports/prebuild.log``;
+``APERTUS_PREBUILD=0`` turns it off). How the suites' environments are built and cached: ``tools/envs.py``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -27,7 +30,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from envs import CACHE, REPORTS, ROOT, SUITES, _locked, build_env, ensure_debian_packages, log, suite_env
+from envs import CACHE, REPORTS, ROOT, SUITES, _locked, build_env, build_order, ensure_debian_packages, log, suite_env
 
 TOOLS_REQUIREMENTS = ROOT / "tools" / "requirements.txt"
 
@@ -67,6 +70,39 @@ def junit_counts(report: Path) -> tuple[int, int, int, int, float] | None:
     return tests - failed - errors - skipped, failed, errors, skipped, seconds
 
 
+def start_prebuild(suites: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | None:
+    """Build the environments of ``suites`` after the first one's in a background process (``envs.py prebuild``),
+    at the lowest CPU and I/O priority, its output in ``prebuild.log`` beside the reports; None when there is
+    nothing to build ahead or ``APERTUS_PREBUILD=0``."""
+    ahead = build_order(suites)[1:]
+    if not ahead or os.environ.get("APERTUS_PREBUILD", "1") == "0":
+        return None
+    REPORTS.mkdir(parents=True, exist_ok=True)
+    low = ["nice", "-n", "19"] if shutil.which("nice") else []
+    low += ["ionice", "-c", "3"] if shutil.which("ionice") else []
+    with open(REPORTS / "prebuild.log", "wb") as out:
+        proc = subprocess.Popen([*low, sys.executable, str(ROOT / "tools" / "envs.py"), "prebuild", *ahead],
+                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    log(f"building the environments of {', '.join(ahead)} in the background ({REPORTS / 'prebuild.log'})")
+    return proc
+
+
+def stop_prebuild(proc: subprocess.Popen[bytes] | None) -> None:
+    """End the background build (its process group) if the sessions finished first; an environment it left
+    unfinished has no ``.complete`` and is rebuilt by the next run that needs it."""
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def cmd_test(args: list[str]) -> int:
     """``test [SUITE...] [-- PYTEST ARGS]``: the suites' nox sessions, then a summary from their reports."""
     if "--" in args:
@@ -85,7 +121,13 @@ def cmd_test(args: list[str]) -> int:
     if pytest_args:
         cmd += ["--", *pytest_args]
     started = time.monotonic()
-    rc = subprocess.call(cmd, cwd=ROOT, env=dict(os.environ, APERTUS_BASE_PYTHON=sys.executable))
+    # the sessions and the background build must compute the same environment keys: the same base interpreter
+    env = dict(os.environ, APERTUS_BASE_PYTHON=sys.executable)
+    prebuild = start_prebuild(suites, env)
+    try:
+        rc = subprocess.call(cmd, cwd=ROOT, env=env)
+    finally:
+        stop_prebuild(prebuild)
     wall = time.monotonic() - started
     print("\n==== suites (time: pytest's own, environments not counted) ====")
     total_p = total_f = 0

@@ -21,6 +21,13 @@ installed with ``apt-get install -y`` (after an ``apt-get update`` when the firs
 that is not possible (no apt-get, not root, no registry) the command stops with an error naming the
 suite, the packages and the apt-get output.
 
+Building ahead: ``python3 tools/envs.py prebuild SUITE...`` builds the environments of those suites (and of
+the suites they need) one after the other; ``tools/dev.py test`` starts it in the background, at the lowest
+CPU and I/O priority, so that the environments of the later suites are built while the earlier suites run.
+It takes the same per-environment lock as a session, so a session that reaches an environment the
+background build is still writing waits for it, and one the background build has not reached yet is built
+by the session itself (the background build then finds it complete).
+
 Used by ``noxfile.py`` (the test sessions) and ``tools/dev.py`` (the bootstrap); standard library only.
 """
 
@@ -102,7 +109,11 @@ def _locked(path: Path):
     """An exclusive lock on ``path`` (several checkouts may share one environment cache)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process (the background build, another checkout) holds it: say so
+            log(f"waiting for {path.name.lstrip('.').removesuffix('.lock')}: another process is building it")
+            fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
         finally:
@@ -232,3 +243,42 @@ def suite_env(suite: str, venv: Path) -> dict[str, str]:
     for other in needed_suites(suite):
         env[f"APERTUS_PYTHON_{other.upper().replace('-', '_')}"] = str(build_env(other) / "bin" / "python")
     return env
+
+
+def build_order(suites: list[str]) -> list[str]:
+    """The environments ``suites`` run in, in the order their sessions first need them, each once (a suite's
+    own environment first, then those of ``needs.txt``, which its session builds before pytest starts)."""
+    order: list[str] = []
+    for suite in suites:
+        for name in (suite, *needed_suites(suite)):
+            if name not in order:
+                order.append(name)
+    return order
+
+
+def prebuild(suites: list[str]) -> int:
+    """Build the environments of ``suites`` (:func:`build_order`), one at a time; return how many failed.
+
+    A failure is logged and the next environment is tried: the session of that suite builds it again and
+    reports the error where it belongs.
+    """
+    failed = 0
+    for name in build_order(suites):
+        t0 = time.time()
+        try:
+            build_env(name)
+        except (Exception, SystemExit) as err:  # noqa: BLE001 - the session rebuilds it and reports the error
+            failed += 1
+            log(f"prebuild: {name} failed after {time.time() - t0:.0f}s ({err}); its session builds it again")
+            continue
+        log(f"prebuild: {name} ready ({time.time() - t0:.0f}s)")
+    return failed
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] != "prebuild":
+        raise SystemExit("usage: envs.py prebuild SUITE...")
+    unknown = [s for s in sys.argv[2:] if s not in SUITES]
+    if unknown:
+        raise SystemExit(f"unknown suite(s) {', '.join(unknown)}; suites are {', '.join(SUITES)}")
+    sys.exit(1 if prebuild(sys.argv[2:]) else 0)

@@ -106,6 +106,8 @@ class VLLMServer:
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
         self.cli = cli
         self.proc: subprocess.Popen[bytes] | None = None
+        self._launched = 0.0
+        self._ready = False
 
     @property
     def base_url(self) -> str:
@@ -129,6 +131,11 @@ class VLLMServer:
 
     def start(self) -> VLLMServer:
         """Start the process and block until the server answers, or raise :class:`ServerError`."""
+        return self.launch().wait_ready()
+
+    def launch(self) -> VLLMServer:
+        """Start the process and return at once; :meth:`wait_ready` blocks until it answers. Other work (a
+        trainer's start) can overlap the server's start this way."""
         env = dict(os.environ)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         env.update(self.extra_env)
@@ -138,9 +145,20 @@ class VLLMServer:
                                          start_new_session=True)
         finally:
             log.close()
+        self._launched = time.monotonic()
+        self._ready = False
+        return self
+
+    def wait_ready(self) -> VLLMServer:
+        """Block until the launched server answers (at most ``startup_timeout`` seconds from its launch; at once
+        when it already did), or stop it and raise :class:`ServerError`."""
         from apertus_plugins.infra.client import NO_RETRY, Client, ClientError
 
-        deadline = time.monotonic() + self.startup_timeout
+        if self.proc is None:
+            raise ServerError(f"vLLM server for {self.model} was not launched (or was stopped)")
+        if self._ready:
+            return self
+        deadline = self._launched + self.startup_timeout
         with Client(self.base_url, timeout=5.0, retry=NO_RETRY) as probe:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
@@ -148,10 +166,11 @@ class VLLMServer:
                                       f"before answering; its log ({self.log_path}) ends with:\n{self.log_tail()}")
                 try:
                     if probe.request("GET", "/models").status == 200:
+                        self._ready = True
                         return self
                 except ClientError:
                     pass
-                time.sleep(1.0)
+                time.sleep(0.25)
         self.stop()
         raise ServerError(f"vLLM server for {self.model} did not answer within {self.startup_timeout:.0f} s; "
                           f"its log ({self.log_path}) ends with:\n{self.log_tail()}")
@@ -178,6 +197,7 @@ class VLLMServer:
                 continue
             break
         self.proc = None
+        self._ready = False
 
     def __enter__(self) -> VLLMServer:
         return self.start()

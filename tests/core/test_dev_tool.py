@@ -78,3 +78,60 @@ def test_pytest_arguments_after_the_separator_select_one_test(tmp_path: Path) ->
     assert "1 passed" in done.stdout
     assert _module("dev").junit_counts(tmp_path / "docs.xml")[:4] == (1, 0, 0, 0)
     assert " min" in done.stdout.split("==== suites")[-1]  # each suite's time is in the summary
+
+
+def test_the_background_build_takes_each_environment_once_in_the_order_the_sessions_need_them(tmp_path: Path) -> None:
+    for suite, needs in (("a", ""), ("b", "c  # the other one\n"), ("c", ""), ("d", "a\nc\n")):
+        (tmp_path / suite).mkdir()
+        if needs:
+            (tmp_path / suite / "needs.txt").write_text(needs)
+    envs = _module("envs", tmp_path)
+    assert envs.build_order(["a", "b", "c", "d"]) == ["a", "b", "c", "d"]
+    assert envs.build_order(["d", "b"]) == ["d", "a", "c", "b"]
+    assert envs.build_order(["b"]) == ["b", "c"]
+
+
+def test_a_background_build_that_fails_names_the_environment_and_goes_on(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "broken").mkdir()  # no requirements.txt: build_env stops naming it
+    envs = _module("envs", tmp_path)
+    assert envs.prebuild(["broken"]) == 1
+    assert "prebuild: broken failed" in capsys.readouterr().out
+
+
+def test_no_background_build_when_turned_off_or_with_nothing_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    dev = _module("dev")
+    monkeypatch.setenv("APERTUS_PREBUILD", "0")
+    assert dev.start_prebuild(["docs", "core"], dict(os.environ)) is None
+    monkeypatch.delenv("APERTUS_PREBUILD")
+    assert dev.start_prebuild(["docs"], dict(os.environ)) is None  # one suite that needs no other: nothing ahead
+
+
+def test_an_environment_another_process_is_building_is_waited_for_and_said_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import fcntl
+    import threading
+    import time
+
+    envs = _module("envs")
+    lock = tmp_path / ".vllm-0123.lock"
+    got = threading.Event()
+    with open(lock, "a+") as held:  # the other builder (a second open file: flock excludes it in this process too)
+        fcntl.flock(held, fcntl.LOCK_EX)
+
+        def waiter() -> None:
+            with envs._locked(lock):
+                got.set()
+
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        deadline = time.monotonic() + 30
+        out = ""
+        while "waiting for vllm-0123" not in out and time.monotonic() < deadline:
+            time.sleep(0.05)
+            out += capsys.readouterr().out
+        assert "waiting for vllm-0123: another process is building it" in out
+        assert not got.is_set()
+        fcntl.flock(held, fcntl.LOCK_UN)
+    thread.join(30)
+    assert got.is_set()

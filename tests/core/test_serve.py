@@ -40,6 +40,64 @@ def test_a_server_that_cannot_start_is_an_error_with_its_log() -> None:
     assert not server.alive()
 
 
+FAKE_SERVER = """
+import json, sys, time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+args = sys.argv[1:]
+port = int(args[args.index("--port") + 1])
+time.sleep(float(args[args.index("--delay") + 1]))  # a start that takes a while
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        out = json.dumps({"data": [{"id": "fake"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *a):
+        pass
+
+
+HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def test_launch_returns_before_the_server_answers_and_wait_ready_waits_for_it(tmp_path) -> None:
+    # a stand-in for vLLM's API server module (the core environment has no vLLM): it answers /v1/models
+    # after a delay, as a starting server does
+    module = tmp_path / "vllm" / "entrypoints" / "openai"
+    module.mkdir(parents=True)
+    for d in (tmp_path / "vllm", tmp_path / "vllm" / "entrypoints", module):
+        (d / "__init__.py").write_text("")
+    (module / "api_server.py").write_text(FAKE_SERVER)
+    server = VLLMServer("fake", args=["--delay", "2"], python=sys.executable, env={"PYTHONPATH": str(tmp_path)},
+                        startup_timeout=120, log_path=tmp_path / "fake.log")
+    with pytest.raises(ServerError, match="was not launched"):
+        server.wait_ready()
+    try:
+        assert server.launch() is server and server.alive()
+        with pytest.raises(Unreachable):  # launched, not answering yet
+            http_json(server.url("/v1/models"), timeout=5, retry=RetryPolicy(attempts=1))
+        assert server.wait_ready() is server
+        assert http_json(server.url("/v1/models"), timeout=5)[0] == 200
+        assert server.wait_ready() is server  # ready already: returns at once
+    finally:
+        server.stop()
+    assert not server.alive()
+    with pytest.raises(ServerError, match="was not launched"):
+        server.wait_ready()
+
+
+def test_a_launched_server_that_exits_is_an_error_with_its_log() -> None:
+    server = VLLMServer("/nonexistent/model", python=sys.executable, startup_timeout=60).launch()
+    with pytest.raises(ServerError, match=r"(?s)exited with code \d+.*No module named 'vllm'"):
+        server.wait_ready()
+    assert not server.alive()
+
+
 class Flaky:
     """What the test server does: ``failures[path]`` is a list of what the next requests get
     (an HTTP status, ``"drop"`` for a closed connection, ``"slow"`` for an answer after the timeout)."""

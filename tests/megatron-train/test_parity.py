@@ -134,8 +134,25 @@ def trained_hf(data: Data, trained: Path, work: Path) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def trained_server(trained_hf: Path, work: Path):
+    """vLLM (the vllm suite's environment, with the plugin) serving the trained checkpoint's conversion: launched,
+    not waited for, so that its start overlaps the forwards of :func:`test_trained_checkpoint_converts_back`;
+    the serving test waits for it."""
+    from apertus_plugins.testing.serve import CPU_ARGS, VLLMServer
+
+    args = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", "apertus"]
+    srv = VLLMServer(trained_hf, args=args, python=interpreter("vllm"), log_path=work / "vllm.log",
+                     env={"PYTHONPATH": str(ROOT)}, startup_timeout=900).launch()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
 def test_trained_checkpoint_converts_back(data: Data, trained: Path, trained_hf: Path, request_file: Path,
-                                         work: Path) -> None:
+                                         work: Path, trained_server) -> None:
+    # trained_server: only launched here (its start overlaps these forwards); the next test uses it
     meg = megatron_forward(trained, request_file, work / "megatron-trained.json")
     ref = port_forward(trained_hf, request_file, work / "port-trained.json")
     diff = max_diff(meg, ref)
@@ -146,19 +163,16 @@ def test_trained_checkpoint_converts_back(data: Data, trained: Path, trained_hf:
 
 
 def test_trained_checkpoint_serves_with_megatrons_numbers(trained: Path, trained_hf: Path, request_file: Path,
-                                                          work: Path) -> None:
+                                                          work: Path, trained_server) -> None:
     from apertus_plugins.infra.client import http_json
-    from apertus_plugins.testing.serve import CPU_ARGS, VLLMServer
 
     req = json.loads(request_file.read_text())
     meg = json.loads((work / "megatron-trained.json").read_text()) if (work / "megatron-trained.json").is_file() \
         else megatron_forward(trained, request_file, work / "megatron-trained.json")
-    args = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", "apertus"]
-    with VLLMServer(trained_hf, args=args, python=interpreter("vllm"), log_path=work / "vllm.log",
-                                  env={"PYTHONPATH": str(ROOT)}, startup_timeout=900) as srv:
-        status, body = http_json(srv.url("/v1/completions"), {
-            "model": "apertus", "prompt": req["prompt_ids"], "max_tokens": MAX_TOKENS, "temperature": 0.0,
-            "logprobs": 1, "return_tokens_as_token_ids": True}, timeout=600)
+    srv = trained_server.wait_ready()
+    status, body = http_json(srv.url("/v1/completions"), {
+        "model": "apertus", "prompt": req["prompt_ids"], "max_tokens": MAX_TOKENS, "temperature": 0.0,
+        "logprobs": 1, "return_tokens_as_token_ids": True}, timeout=600)
     assert status == 200, body
     lp = body["choices"][0]["logprobs"]
     tokens = [int(re.sub(r"^token_id:", "", t)) for t in lp["tokens"]]

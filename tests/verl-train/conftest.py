@@ -40,18 +40,28 @@ def tiny_checkpoint(apertus_tiny_checkpoint: Path) -> Path:
 def judge(tiny_checkpoint, tmp_path_factory):
     """The judge: the tiny checkpoint served by vLLM with the plugin; the whole text vocabulary as alternatives
     (with random weights no rating digit is among the top 20). One per test module (it is stopped before the
-    next module's trainers run)."""
+    next module's trainers run).
+
+    The server is launched, not waited for: ``judge["ready"]()`` blocks until it answers, so the first trainer
+    of the module can start (Ray, workers, rollout engine: minutes on two cores) while the judge starts, and
+    waits for it before its own end. The trainer asks the judge only after its first rollouts; the judge
+    client's retries (``max_retries``, backoff doubling up to 8 s) cover a judge that is a little late."""
     from apertus_plugins.testing.checkpoint import read_checkpoint_config
 
     text_tokens = read_checkpoint_config(tiny_checkpoint).spec.text_size
     args = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", JUDGE_MODEL, "--max-logprobs", str(text_tokens),
             "--max-num-seqs", "8"]
     log = tmp_path_factory.mktemp("logs") / "judge-server.log"
-    with VLLMServer(tiny_checkpoint, args=args, python=sys.executable, log_path=log, startup_timeout=900) as server:
-        yield {"url": server.base_url, "model": JUDGE_MODEL, "top_logprobs": text_tokens, "overrides": [
-            f"apertus.judge.base_url={server.base_url}", f"apertus.judge.model={JUDGE_MODEL}",
-            f"+apertus.judge.top_logprobs={text_tokens}", "+apertus.judge.feedback_max_tokens=16",
-            "apertus.judge.max_workers=8", "apertus.judge.charter=@sample"]}
+    server = VLLMServer(tiny_checkpoint, args=args, python=sys.executable, log_path=log, startup_timeout=900)
+    server.launch()
+    try:
+        yield {"url": server.base_url, "model": JUDGE_MODEL, "top_logprobs": text_tokens, "ready": server.wait_ready,
+               "overrides": [
+                   f"apertus.judge.base_url={server.base_url}", f"apertus.judge.model={JUDGE_MODEL}",
+                   f"+apertus.judge.top_logprobs={text_tokens}", "+apertus.judge.feedback_max_tokens=16",
+                   "apertus.judge.max_workers=8", "apertus.judge.max_retries=8", "apertus.judge.charter=@sample"]}
+    finally:
+        server.stop()
 
 
 def hf_checkpoint(workdir: Path, step: int) -> Path:
@@ -77,38 +87,43 @@ def check_saved_checkpoint(trained: Path, released: Path, out: Path) -> None:
     from apertus_plugins.hf.merge import tensor_files
     from apertus_plugins.hf.modeling import Apertus1p5ForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(trained, dtype=torch.float32, attn_implementation="sdpa").eval()
-    assert isinstance(model, Apertus1p5ForCausalLM)
-    start = AutoModelForCausalLM.from_pretrained(released, dtype=torch.float32, attn_implementation="sdpa")
-    moved = [n for n, p in model.state_dict().items() if not torch.equal(p, start.state_dict()[n])]
-    assert moved, "training left every weight unchanged"
-
+    # the merge first, then vLLM's start on the merged checkpoint, overlapping the checks in this process
     subprocess.run([sys.executable, "-m", "apertus_plugins.cli", "merge-text-weights", str(trained), str(released),
                     str(out)], check=True, capture_output=True, text=True, timeout=300)
-    merged = {}
-    for file in set(tensor_files(out).values()):
-        merged.update(load_file(str(file)))
-    state = model.state_dict()
-    for name in moved:
-        assert torch.equal(merged[name].float(), state[name]), name
-    original = {}
-    for file in set(tensor_files(released).values()):
-        original.update(load_file(str(file)))
-    encoders = [n for n in original if not n.startswith(("model.language_model.", "lm_head."))]
-    assert encoders and all(torch.equal(merged[n], original[n]) for n in encoders)
-
-    prompt = [1, 40, 41, 42, 43, 44]
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(6):  # greedy, end of text or not (the server ignores EOS too)
-            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
-    want = ids[len(prompt):]
     args = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", "trained", "--max-num-seqs", "4"]
-    with VLLMServer(out, args=args, python=sys.executable, log_path=out.parent / "serve-merged.log",
-                    startup_timeout=900) as server:
+    server = VLLMServer(out, args=args, python=sys.executable, log_path=out.parent / "serve-merged.log",
+                        startup_timeout=900).launch()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(trained, dtype=torch.float32, attn_implementation="sdpa").eval()
+        assert isinstance(model, Apertus1p5ForCausalLM)
+        start = AutoModelForCausalLM.from_pretrained(released, dtype=torch.float32, attn_implementation="sdpa")
+        moved = [n for n, p in model.state_dict().items() if not torch.equal(p, start.state_dict()[n])]
+        assert moved, "training left every weight unchanged"
+
+        merged = {}
+        for file in set(tensor_files(out).values()):
+            merged.update(load_file(str(file)))
+        state = model.state_dict()
+        for name in moved:
+            assert torch.equal(merged[name].float(), state[name]), name
+        original = {}
+        for file in set(tensor_files(released).values()):
+            original.update(load_file(str(file)))
+        encoders = [n for n in original if not n.startswith(("model.language_model.", "lm_head."))]
+        assert encoders and all(torch.equal(merged[n], original[n]) for n in encoders)
+
+        prompt = [1, 40, 41, 42, 43, 44]
+        ids = list(prompt)
+        with torch.no_grad():
+            for _ in range(6):  # greedy, end of text or not (the server ignores EOS too)
+                ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+        want = ids[len(prompt):]
+        server.wait_ready()
         status, body = http_json(server.url("/v1/completions"), {
             "model": "trained", "prompt": prompt, "max_tokens": 6, "temperature": 0.0, "ignore_eos": True,
             "return_token_ids": True})
+    finally:
+        server.stop()
     assert status == 200, body
     got = body["choices"][0]["token_ids"]
     assert got == want, (got, want)

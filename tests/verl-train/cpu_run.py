@@ -120,9 +120,20 @@ class Run:
         return out
 
 
-def main_ppo(stage: str, overrides: list[str], workdir: Path, timeout: float = 900.0,
-             python: str | None = None) -> Run:
-    """``python -m verl.trainer.main_ppo --config-path=pkg://verl_ext/config --config-name=<stage>`` on CPU."""
+@dataclass
+class Started:
+    """A trainer process that is running (:func:`start_ppo`); :func:`finish` waits for it."""
+
+    proc: subprocess.Popen
+    workdir: Path
+    ray_tmp: Path
+    log_path: Path
+    t0: float
+
+
+def start_ppo(stage: str, overrides: list[str], workdir: Path, python: str | None = None) -> Started:
+    """Start ``python -m verl.trainer.main_ppo --config-path=pkg://verl_ext/config --config-name=<stage>`` on CPU
+    and return at once (other work, a judge server's start, can overlap the trainer's)."""
     workdir.mkdir(parents=True, exist_ok=True)
     ray_tmp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
     metrics = workdir / "metrics.jsonl"
@@ -130,24 +141,37 @@ def main_ppo(stage: str, overrides: list[str], workdir: Path, timeout: float = 9
         metrics.unlink()
     cmd = [python or sys.executable, "-m", "verl.trainer.main_ppo", "--config-path=pkg://verl_ext/config",
            f"--config-name={stage}", *CPU_OVERRIDES, *overrides]
-    t0 = time.monotonic()
     log_path = workdir / "trainer.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=cpu_env(workdir, ray_tmp),
                                 cwd=workdir, start_new_session=True)
-        try:
-            rc = proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            rc = -9
-        finally:
-            _end_group(proc)
-            shutil.rmtree(ray_tmp, ignore_errors=True)
-    run = Run(rc, log_path.read_text(errors="replace"), workdir, time.monotonic() - t0)
+    return Started(proc, workdir, ray_tmp, log_path, time.monotonic())
+
+
+def finish(started: Started, timeout: float = 900.0) -> Run:
+    """Wait for the trainer (at most ``timeout`` seconds from its start), end its process group, read its log
+    and the metrics verl logged."""
+    try:
+        rc = started.proc.wait(max(timeout - (time.monotonic() - started.t0), 1.0))
+    except subprocess.TimeoutExpired:
+        rc = -9
+    finally:
+        _end_group(started.proc)
+        shutil.rmtree(started.ray_tmp, ignore_errors=True)
+    run = Run(rc, started.log_path.read_text(errors="replace"), started.workdir, time.monotonic() - started.t0)
+    metrics = started.workdir / "metrics.jsonl"
     if metrics.exists():
         for line in metrics.read_text().splitlines():
             rec = json.loads(line)
             run.steps[int(rec["step"])] = rec["data"]
     return run
+
+
+def main_ppo(stage: str, overrides: list[str], workdir: Path, timeout: float = 900.0,
+             python: str | None = None) -> Run:
+    """``python -m verl.trainer.main_ppo --config-path=pkg://verl_ext/config --config-name=<stage>`` on CPU, to
+    its end."""
+    return finish(start_ppo(stage, overrides, workdir, python), timeout)
 
 
 def _end_group(proc: subprocess.Popen) -> None:

@@ -74,10 +74,23 @@ def check_rollout_sync(run) -> None:
         assert 0.0 <= clip <= 1.0 and (clip > 0) is (longest == 16), (clip, longest)
 
 
+def judged_run(stage: str, checkpoint, work, judge) -> cpu_run.Run:
+    """The stage's trainer, started while the judge may still be starting (the first run of the module overlaps
+    the judge's start; it asks the judge only after its first rollouts); the judge is waited for before the
+    trainer's end, so a judge that never starts fails here, with its log."""
+    started = cpu_run.start_ppo(stage, overrides(stage, checkpoint, work, judge), work)
+    try:
+        judge["ready"]()
+    except BaseException:
+        cpu_run.finish(started, timeout=1)
+        raise
+    return cpu_run.finish(started)
+
+
 @pytest.fixture(scope="module")
 def sdpo_run(tiny_checkpoint, judge, tmp_path_factory):
     work = tmp_path_factory.mktemp("sdpo")
-    run = cpu_run.main_ppo("apertus_sdpo", overrides("apertus_sdpo", tiny_checkpoint, work, judge), work)
+    run = judged_run("apertus_sdpo", tiny_checkpoint, work, judge)
     assert run.returncode == 0, run.tail()
     return run
 
@@ -85,8 +98,7 @@ def sdpo_run(tiny_checkpoint, judge, tmp_path_factory):
 @pytest.fixture(scope="module")
 def online_dpo_run(tiny_checkpoint, judge, tmp_path_factory):
     work = tmp_path_factory.mktemp("online-dpo")
-    run = cpu_run.main_ppo("apertus_online_dpo", overrides("apertus_online_dpo", tiny_checkpoint, work, judge),
-                           work)
+    run = judged_run("apertus_online_dpo", tiny_checkpoint, work, judge)
     assert run.returncode == 0, run.tail()
     return run
 
@@ -147,6 +159,7 @@ def prefs_dpo_run(tiny_checkpoint, judge, tmp_path_factory):
     import datasets
 
     work = tmp_path_factory.mktemp("prefs-dpo")
+    judge["ready"]()
     pool = work / "pool"
     datasets.Dataset.from_list(response_pool()).save_to_disk(str(pool))
     done = subprocess.run([sys.executable, "-m", "apertus_plugins.cli", "prefs", str(pool), str(work / "prefs"),

@@ -1,4 +1,5 @@
-"""Session fixtures of the vllm suite: one tiny checkpoint, one real server on loopback."""
+"""Session fixtures of the vllm suite: one tiny checkpoint, the suite's real server on loopback (and the
+misconfigured one), both started together."""
 
 from __future__ import annotations
 
@@ -38,29 +39,58 @@ def server_args() -> list[str]:
             "--structured-outputs-config", json.dumps({"enable_in_reasoning": True})]
 
 
-@pytest.fixture(scope="session")
-def server(checkpoint, codes_log, tmp_path_factory):
-    """The one server of the suite: float32, both parsers, at most two images and two clips per prompt;
-    structured outputs hold from the first token, the thinking span included (the tests force outputs)."""
-    log = tmp_path_factory.mktemp("logs") / "vllm-server.log"
-    env = {"APERTUS_VLLM_CODES_LOG": str(codes_log), "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with VLLMServer(checkpoint, args=server_args(), env=env, log_path=log, startup_timeout=900) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="session")
-def training_server(checkpoint, tmp_path_factory):
-    """The misconfigured server: the training image layout, at most one image and one clip per prompt,
-    neither the tool nor the reasoning parser, and vLLM's stock chat path (``--tokenizer-mode hf``:
-    the template rendered and tokenized whole, not injection-safe); the doctor must flag all of it."""
+def _suite_server(name: str, checkpoint: Path, codes_log: Path, tmp_path_factory) -> VLLMServer:
+    """The suite's two session servers (launched, not waited for): ``server`` and ``training_server``."""
     import json
 
+    if name == "server":
+        log = tmp_path_factory.mktemp("logs") / "vllm-server.log"
+        env = {"APERTUS_VLLM_CODES_LOG": str(codes_log), "VLLM_CPU_KVCACHE_SPACE": "1"}
+        return VLLMServer(checkpoint, args=server_args(), env=env, log_path=log, startup_timeout=900).launch()
     args = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", "apertus", "--tokenizer-mode", "hf",
             "--mm-processor-kwargs", json.dumps({"image_layout": "training"}),
             "--limit-mm-per-prompt", json.dumps({"image": 1, "audio": 1})]
     log = tmp_path_factory.mktemp("logs") / "vllm-training.log"
-    with VLLMServer(checkpoint, args=args, log_path=log, startup_timeout=900) as srv:
-        yield srv
+    return VLLMServer(checkpoint, args=args, log_path=log, startup_timeout=900).launch()
+
+
+@pytest.fixture(scope="session")
+def _session_servers(request, checkpoint, codes_log, tmp_path_factory):
+    """The session servers the collected tests use, launched together when the first is needed: their starts
+    overlap (each is mostly one process importing at a time, on two cores) instead of following each other.
+    Each lives to the end of the session, as it would if started on first use."""
+    used = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
+    servers: dict[str, VLLMServer] = {}
+    try:
+        for name in ("server", "training_server"):
+            if name in used:
+                servers[name] = _suite_server(name, checkpoint, codes_log, tmp_path_factory)
+        yield servers
+    finally:
+        for srv in servers.values():
+            srv.stop()
+
+
+def _ready(servers: dict[str, VLLMServer], name: str, checkpoint: Path, codes_log: Path,
+           tmp_path_factory) -> VLLMServer:
+    if name not in servers:  # asked for by a test pytest did not see use it (getfixturevalue)
+        servers[name] = _suite_server(name, checkpoint, codes_log, tmp_path_factory)
+    return servers[name].wait_ready()
+
+
+@pytest.fixture(scope="session")
+def server(_session_servers, checkpoint, codes_log, tmp_path_factory):
+    """The one server of the suite: float32, both parsers, at most two images and two clips per prompt;
+    structured outputs hold from the first token, the thinking span included (the tests force outputs)."""
+    return _ready(_session_servers, "server", checkpoint, codes_log, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def training_server(_session_servers, checkpoint, codes_log, tmp_path_factory):
+    """The misconfigured server: the training image layout, at most one image and one clip per prompt,
+    neither the tool nor the reasoning parser, and vLLM's stock chat path (``--tokenizer-mode hf``:
+    the template rendered and tokenized whole, not injection-safe); the doctor must flag all of it."""
+    return _ready(_session_servers, "training_server", checkpoint, codes_log, tmp_path_factory)
 
 
 def data_url(path: Path, mime: str) -> str:
