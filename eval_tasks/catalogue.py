@@ -63,10 +63,16 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-__all__ = ["Benchmark", "CatalogueError", "KINDS", "METRIC_NAMES", "Protocol", "Reference", "Row", "SUITES", "Table",
+__all__ = ["CHARTER_ENV", "JUDGE_KEY_ENV", "JUDGE_MODEL_ENV", "JUDGE_URL_ENV", "Benchmark", "CatalogueError", "KINDS", "METRIC_NAMES", "Protocol", "Reference", "Row", "SUITES", "Table",
            "benchmarks", "by_id", "cited_protocol", "load", "mismatches", "suite", "tables"]
 
 KINDS = ("chat", "completions", "base", "handwritten", "lmms")
+#: The judge a ``needs: judge`` row runs with, named by the user: its ``/v1`` URL, its served model name and,
+#: where it needs one, an API key; the charter a ``needs: charter`` row's judge reads.
+JUDGE_URL_ENV = "APERTUS_EVAL_JUDGE_URL"
+JUDGE_MODEL_ENV = "APERTUS_EVAL_JUDGE_MODEL"
+JUDGE_KEY_ENV = "APERTUS_EVAL_JUDGE_API_KEY"
+CHARTER_ENV = "APERTUS_EVAL_CHARTER"
 #: The suites of ``apertus eval report`` and what each runs.
 SUITES: dict[str, str] = {
     "post-trained-text": "the text benchmarks of Tables L.1 and L.2 on the post-trained model, thinking off",

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from apertus_plugins.infra.files import write_text_atomic
-from eval_tasks.catalogue import SUITES, Benchmark, by_id, load, suite
+from eval_tasks.catalogue import CHARTER_ENV, JUDGE_MODEL_ENV, JUDGE_URL_ENV, SUITES, Benchmark, by_id, load, suite
 
 from .render import Line, html, markdown, part_of, svg, terminal
 from .worker import write_json
@@ -128,8 +128,8 @@ def needs(items: Sequence[Item], opts: Options, served: Any, client: Any) -> dic
             problems.append("needs the model's tokenizer: --tokenizer (the checkpoint folder or its Hub id)")
         if b.need("unsafe_code") is not None and not opts.allow_code_execution:
             problems.append("executes the model's code to score it: --allow-code-execution")
-        wanted = [*(("APERTUS_EVAL_JUDGE_URL", "APERTUS_EVAL_JUDGE_MODEL") if b.need("judge") is not None else ()),
-                  *(("APERTUS_EVAL_CHARTER",) if b.need("charter") is not None else ())]
+        wanted = [*((JUDGE_URL_ENV, JUDGE_MODEL_ENV) if b.need("judge") is not None else ()),
+                  *((CHARTER_ENV,) if b.need("charter") is not None else ())]
         unset = [v for v in wanted if not os.environ.get(v, "").strip()]
         if unset:
             problems.append(f"needs a judge: set {', '.join(unset)}" + (

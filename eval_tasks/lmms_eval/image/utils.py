@@ -19,6 +19,7 @@ from functools import cache
 from typing import Any
 
 from apertus_plugins.posttrain.evaluation import extract_choice
+from eval_tasks.catalogue import JUDGE_KEY_ENV, JUDGE_MODEL_ENV, JUDGE_URL_ENV
 from eval_tasks.data import load_split, local_path
 from eval_tasks.lmms_eval.common import ApertusTask  # checks the lmms-eval version before lmms-eval loads
 
@@ -29,7 +30,7 @@ __all__ = ["ApertusTask", "JUDGE_SETTINGS", "ProseTolerantChoice", "gqa_process_
            "mathvista_process_results"]
 
 #: the judge the user names: its ``/v1`` URL, its served model name, an API key where it needs one
-JUDGE_SETTINGS = ("APERTUS_EVAL_JUDGE_URL", "APERTUS_EVAL_JUDGE_MODEL", "APERTUS_EVAL_JUDGE_API_KEY")
+JUDGE_SETTINGS = (JUDGE_URL_ENV, JUDGE_MODEL_ENV, JUDGE_KEY_ENV)
 
 
 class ProseTolerantChoice(Filter):
@@ -96,26 +97,21 @@ _preload_mathvista()
 
 @cache
 def _judge(url: str, model: str, key: str) -> Any:
-    from lmms_eval.llm_judge.protocol import ServerConfig
-    from lmms_eval.llm_judge.providers import OpenAIProvider
-    from openai import OpenAI
+    """The project's judge client (:class:`~apertus_plugins.posttrain.judges.OpenAIJudge`) at the named URL,
+    checked to answer and to serve ``model`` (upstream turns a failed extraction into an empty answer,
+    scored wrong: the judge is checked before the first one)."""
+    from apertus_plugins.posttrain.judges import JudgeError, JudgeUnavailableError, OpenAIJudge
 
-    class NamedJudge(OpenAIProvider):
-        """lmms-eval's OpenAI-compatible judge client at the named URL (upstream's reads OpenAI's settings)."""
-
-        def __init__(self, config: ServerConfig) -> None:
-            super(OpenAIProvider, self).__init__(config)
-            self.api_key, self.base_url = key, url
-            self.client, self.use_client = OpenAI(api_key=key, base_url=url), True
-
-    judge = NamedJudge(ServerConfig(model_name=model, temperature=0.0, max_tokens=256, timeout=60, num_retries=3,
-                                    retry_delay=2))
-    try:  # upstream turns a failed extraction into an empty answer (scored wrong): check the judge first
-        served = [m.id for m in judge.client.with_options(timeout=30, max_retries=1).models.list()]
-    except Exception as exc:  # noqa: BLE001 - any failure to reach it is the same to the user
+    # only its chat completions are used: templates that read no charter
+    judge = OpenAIJudge(base_url=url, model=model, api_key=key, feedback_template="{prompt}",
+                        rating_template="{prompt}", pairwise_template="{prompt}", timeout=120, max_retries=2,
+                        backoff=1.0)
+    try:
+        judge.check()
+    except JudgeUnavailableError as exc:
         raise RuntimeError(f"the judge at {url} ({JUDGE_SETTINGS[0]}) is unreachable: {exc}") from exc
-    if model not in served:
-        raise RuntimeError(f"the judge at {url} serves {served}, not {model!r} ({JUDGE_SETTINGS[1]})")
+    except JudgeError as exc:
+        raise RuntimeError(f"the judge at {url} cannot be used ({JUDGE_SETTINGS[1]}={model}): {exc}") from exc
     return judge
 
 
@@ -131,8 +127,8 @@ def judge_settings(task: str) -> tuple[str, str, str]:
 
 
 def judge_server(task: str) -> tuple[Any, str]:
-    """``(server, model)``: lmms-eval's OpenAI-compatible judge client for the named judge, checked to
-    answer and to serve the model (an error naming ``task`` and the setting otherwise)."""
+    """``(judge, model)``: the judge client for the named judge, checked to answer and to serve the model
+    (an error naming ``task`` and the setting otherwise)."""
     url, model, key = judge_settings(task)
     try:
         return _judge(url, model, key), model
@@ -144,7 +140,6 @@ def mathvista_process_results(doc: dict[str, Any], results: list[str]) -> dict[s
     """Upstream's MathVista scoring (its extraction prompt, normalisation and comparison) with the
     extraction sent to the named judge (a reply that already is an option or a number needs none). A
     failed extraction is an error: upstream would score it as an empty answer."""
-    from lmms_eval.llm_judge.protocol import Request, ServerConfig
     from lmms_eval.tasks.mathvista import utils as upstream
 
     task = "apertus_mathvista_testmini"
@@ -154,15 +149,13 @@ def mathvista_process_results(doc: dict[str, Any], results: list[str]) -> dict[s
 
     def ask(prompt: str, temperature: float = 0, max_tokens: int = 256, **_: Any) -> str:
         try:
-            server, model = judge_server(task)
-            config = ServerConfig(model_name=model, temperature=temperature, max_tokens=max_tokens, timeout=120,
-                                  num_retries=2, retry_delay=1)
-            response = server.evaluate(Request(messages=[{"role": "user", "content": prompt}], config=config))
+            server, _model = judge_server(task)
+            out = server.chat(prompt, temperature=temperature, max_tokens=max_tokens)
         except Exception as exc:  # noqa: BLE001 - the judge's own failure, named
-            failures.append(exc if isinstance(exc, RuntimeError) else RuntimeError(
-                f"task {task}: the judge failed to extract the answer: {exc}"))
+            failures.append(exc if isinstance(exc, RuntimeError) and str(exc).startswith(f"task {task}") else
+                            RuntimeError(f"task {task}: the judge failed to extract the answer: {exc}"))
             raise failures[-1] from exc
-        return (response.content or "").strip()
+        return (out["choices"][0].get("message", {}).get("content") or "").strip()
 
     evaluator = upstream.mathvista_evaluator
     evaluator.get_chat_response = ask
