@@ -6,6 +6,7 @@
     python3 tools/dev.py test core reference    # only some suites
     python3 tools/dev.py test core -- -k vocab  # arguments after `--` go to pytest (`-k NAME`, -x)
     python3 tools/dev.py test vllm -- tests/vllm/test_parsers.py  # a file or node id: that alone
+    python3 tools/dev.py test -j 1              # one suite at a time (default: 2 on 2+ cores and 16+ GiB)
     python3 tools/dev.py env SUITE              # build one environment and print its path
     python3 tools/dev.py run SUITE CMD...       # run a command in a suite's environment
 
@@ -14,7 +15,8 @@ beside the suites' environments) and runs the sessions of ``noxfile.py``, one pe
 summary is read from the JUnit XML reports pytest writes (``build/test-reports/<suite>.xml``).
 While the first suites run, the environments of the later ones are built in the background at the lowest
 CPU and I/O priority (``tools/envs.py prebuild``, its log in ``build/test-reports/prebuild.log``;
-``APERTUS_PREBUILD=0`` turns it off). How the suites' environments are built and cached: ``tools/envs.py``.
+``APERTUS_PREBUILD=0`` turns it off). Suites run side by side, the longest first and within a memory
+budget, each one's output in ``build/test-reports/<suite>.log`` (``tools/lanes.py``). How the suites' environments are built and cached: ``tools/envs.py``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import lanes
 from envs import CACHE, REPORTS, ROOT, SUITES, _locked, build_env, build_order, ensure_debian_packages, log, suite_env
 
 TOOLS_REQUIREMENTS = ROOT / "tools" / "requirements.txt"
@@ -103,29 +106,58 @@ def stop_prebuild(proc: subprocess.Popen[bytes] | None) -> None:
         proc.wait()
 
 
-def cmd_test(args: list[str]) -> int:
-    """``test [SUITE...] [-- PYTEST ARGS]``: the suites' nox sessions, then a summary from their reports."""
+def _parse_test_args(args: list[str]) -> tuple[list[str], list[str], int | None]:
+    """``[SUITE...] [-j N | --jobs N] [-- PYTEST ARGS]``: the suites, pytest's arguments and the job count."""
+    pytest_args: list[str] = []
     if "--" in args:
         cut = args.index("--")
-        suites, pytest_args = args[:cut], args[cut + 1 :]
-    else:
-        suites, pytest_args = args, []
-    for s in suites:
-        if s not in SUITES:
-            raise SystemExit(f"unknown suite {s!r}; suites are {', '.join(SUITES)}")
+        args, pytest_args = args[:cut], args[cut + 1 :]
+    suites: list[str] = []
+    jobs: int | None = None
+    it = iter(args)
+    for a in it:
+        if a in ("-j", "--jobs") or a.startswith("--jobs="):
+            value = a.split("=", 1)[1] if "=" in a else next(it, None)
+            if value is None or not value.isdigit() or int(value) < 1:
+                raise SystemExit(f"{a}: expected a number of suites to run at once (1 or more), got {value!r}")
+            jobs = int(value)
+        elif a not in SUITES:
+            raise SystemExit(f"unknown suite {a!r}; suites are {', '.join(SUITES)}")
+        else:
+            suites.append(a)
+    return suites, pytest_args, jobs
+
+
+def cmd_test(args: list[str]) -> int:
+    """``test [SUITE...] [-j N] [-- PYTEST ARGS]``: the suites' nox sessions, then a summary from their reports."""
+    suites, pytest_args, jobs = _parse_test_args(args)
     suites = suites or list(SUITES)
+    jobs = min(jobs or lanes.default_jobs(), len(suites))
     for s in suites:  # a report left from an earlier run must not stand for this one
         (REPORTS / f"{s}.xml").unlink(missing_ok=True)
     nox = nox_env() / "bin" / "nox"
-    cmd = [str(nox), "-f", str(ROOT / "noxfile.py"), "-s", *suites]
-    if pytest_args:
-        cmd += ["--", *pytest_args]
+
+    def command(*names: str) -> list[str]:
+        cmd = [str(nox), "-f", str(ROOT / "noxfile.py"), "-s", *names]
+        return cmd + ["--", *pytest_args] if pytest_args else cmd
+
     started = time.monotonic()
     # the sessions and the background build must compute the same environment keys: the same base interpreter
     env = dict(os.environ, APERTUS_BASE_PYTHON=sys.executable)
     prebuild = start_prebuild(suites, env)
+    finished: dict[str, lanes.Finished] = {}
     try:
-        rc = subprocess.call(cmd, cwd=ROOT, env=env)
+        if jobs == 1:
+            rc = subprocess.call(command(*suites), cwd=ROOT, env=env)
+        else:
+            log(f"running {len(suites)} suites, {jobs} at a time (-j/--jobs, $APERTUS_TEST_JOBS)")
+            done = lanes.run_parallel(suites, command, jobs=jobs, logs=REPORTS, env=env, cwd=ROOT, say=log)
+            finished = {f.suite: f for f in done}
+            rc = max((f.returncode for f in done), default=0)
+            for f in done:
+                if f.returncode:
+                    print(f"\n==== {f.suite}: the end of its output ({f.log}) ====")
+                    print(lanes.tail(f.log))
     finally:
         stop_prebuild(prebuild)
     wall = time.monotonic() - started
@@ -134,15 +166,18 @@ def cmd_test(args: list[str]) -> int:
     for s in suites:
         counts = junit_counts(REPORTS / f"{s}.xml")
         if counts is None:
-            print(f"{s:14s} FAILED  no report (the environment or the session failed before pytest ran)")
+            print(f"{s:15s} FAILED  no report (the environment or the session failed before pytest ran)")
             total_f += 1
             continue
         p, f, e, k, secs = counts
         status = "ok" if not (f or e) else "FAILED"
-        print(f"{s:14s} {status:6s} {p:5d} passed {f:3d} failed {e:3d} errors {k:3d} skipped {secs / 60:6.1f} min")
+        extra = ""
+        if s in finished:
+            extra = f"   wall {finished[s].seconds / 60:5.1f} min, peak {finished[s].peak_bytes / 2**30:4.1f} GiB"
+        print(f"{s:15s} {status:6s} {p:5d} passed {f:3d} failed {e:3d} errors {k:3d} skipped {secs / 60:6.1f} min{extra}")
         total_p += p
         total_f += f + e
-    print(f"all suites, environments included: {wall / 60:.1f} min")
+    print(f"all suites, environments included: {wall / 60:.1f} min ({jobs} at a time)")
     print(f"{total_p} passed, {total_f} failed (nox exit {rc})")
     return 1 if rc or total_f else 0
 
