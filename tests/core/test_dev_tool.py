@@ -18,6 +18,7 @@ def _module(name: str, tests: Path | None = None):  # noqa: ANN202 - the module
     try:
         spec = importlib.util.spec_from_file_location(f"apertus_{name}_tool", ROOT / "tools" / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up by name
         spec.loader.exec_module(module)
     finally:
         sys.path.remove(str(ROOT / "tools"))
@@ -135,3 +136,79 @@ def test_an_environment_another_process_is_building_is_waited_for_and_said_so(
         fcntl.flock(held, fcntl.LOCK_UN)
     thread.join(30)
     assert got.is_set()
+
+
+def _sleeper(marks: Path, seconds: float = 1.0):  # noqa: ANN202 - the command factory
+    """A command per suite that writes its start and end times to ``marks/<suite>`` and exits 0 (``bad``: 3)."""
+    code = ("import sys, time; from pathlib import Path; p = Path(sys.argv[1]); t0 = time.time(); "
+            f"time.sleep({seconds}); p.write_text(f'{{t0}} {{time.time()}}'); sys.exit(3 if p.name == 'bad' else 0)")
+    return lambda suite: [sys.executable, "-c", code, str(marks / suite)]
+
+
+def _spans(marks: Path) -> dict[str, tuple[float, float]]:
+    return {p.name: tuple(map(float, p.read_text().split())) for p in marks.iterdir()}
+
+
+def test_two_suites_run_at_once_and_the_longest_starts_first(tmp_path: Path) -> None:
+    lanes = _module("lanes")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    said: list[str] = []
+    done = lanes.run_parallel(["docs", "core", "verl-train"], _sleeper(marks), jobs=2, logs=tmp_path / "logs",
+                              env=dict(os.environ), cwd=tmp_path, say=said.append, budget_gib=100, poll=0.1)
+    assert {f.suite for f in done} == {"docs", "core", "verl-train"} and all(f.returncode == 0 for f in done)
+    spans = _spans(marks)
+    # verl-train (the longest) and core start together; docs waits for a free job
+    assert said[0].startswith("verl-train: started") and said[1].startswith("core: started beside verl-train")
+    assert spans["core"][0] < spans["verl-train"][1] and spans["verl-train"][0] < spans["core"][1]
+    assert spans["docs"][0] >= min(spans["core"][1], spans["verl-train"][1]) - 0.05
+    assert (tmp_path / "logs" / "docs.log").is_file()
+
+
+def test_suites_whose_peaks_do_not_fit_together_run_one_after_the_other(tmp_path: Path) -> None:
+    lanes = _module("lanes")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    budget = lanes.PEAK_GIB["verl-train"] + lanes.PEAK_GIB["vllm"] - 1  # the two serving suites do not fit
+    done = lanes.run_parallel(["vllm", "verl-train"], _sleeper(marks, 0.5), jobs=2, logs=tmp_path / "logs",
+                              env=dict(os.environ), cwd=tmp_path, say=lambda _: None, budget_gib=budget, poll=0.1)
+    assert [f.suite for f in done] == ["verl-train", "vllm"]
+    spans = _spans(marks)
+    assert spans["vllm"][0] >= spans["verl-train"][1] - 0.05
+
+
+def test_a_failed_suite_is_reported_with_its_exit_and_the_others_still_run(tmp_path: Path) -> None:
+    lanes = _module("lanes")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    said: list[str] = []
+    done = lanes.run_parallel(["bad", "core"], _sleeper(marks, 0.2), jobs=2, logs=tmp_path / "logs",
+                              env=dict(os.environ), cwd=tmp_path, say=said.append, budget_gib=100, poll=0.1)
+    codes = {f.suite: f.returncode for f in done}
+    assert codes == {"bad": 3, "core": 0}
+    assert any(line.startswith("bad: FAILED (exit 3) in ") for line in said)
+
+
+def test_a_suites_peak_memory_counts_the_processes_it_starts(tmp_path: Path) -> None:
+    lanes = _module("lanes")
+    # a parent that starts a child holding about 300 MiB: the tree's resident memory counts the child
+    code = ("import subprocess, sys; subprocess.run([sys.executable, '-c', "
+            "'b = bytearray(300 * 2**20); import time; time.sleep(1.5)'])")
+    done = lanes.run_parallel(["core"], lambda _: [sys.executable, "-c", code], jobs=1, logs=tmp_path,
+                              env=dict(os.environ), cwd=tmp_path, say=lambda _: None, budget_gib=100, poll=0.2)
+    assert done[0].peak_bytes > 250 * 2**20
+
+
+def test_the_job_count_is_checked_where_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    dev = _module("dev")
+    assert dev._parse_test_args(["core", "-j", "3", "--", "-k", "x"]) == (["core"], ["-k", "x"], 3)
+    assert dev._parse_test_args(["--jobs=1"]) == ([], [], 1)
+    with pytest.raises(SystemExit, match=r"-j: expected a number of suites to run at once \(1 or more\), got '0'"):
+        dev._parse_test_args(["-j", "0"])
+    with pytest.raises(SystemExit, match="unknown suite 'nope'"):
+        dev._parse_test_args(["nope"])
+    monkeypatch.setenv("APERTUS_TEST_JOBS", "two")
+    with pytest.raises(SystemExit, match=r"APERTUS_TEST_JOBS='two': expected a whole number"):
+        dev.lanes.default_jobs()
+    monkeypatch.setenv("APERTUS_TEST_JOBS", "1")
+    assert dev.lanes.default_jobs() == 1
