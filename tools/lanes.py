@@ -6,14 +6,14 @@ starts when a job is free and the suites already running leave room in memory fo
 
 * **the order**: the longest suites first (:data:`LONGEST_FIRST`), so that the short ones fill in beside
   them and the run ends with short suites, not with one long one alone;
-* **memory**: each suite's peak (the resident memory of its whole process tree, measured on this
+* **memory**: each suite's peak (the memory of its whole process tree, measured on this
   project's 2-core runs, :data:`PEAK_GIB`) is held against a budget of 3/4 of the machine's memory:
   the suites that serve a model (vLLM servers, verl's Ray cluster with a colocated vLLM) do not meet
   where two of them would not fit.
 
 Each suite's output goes to ``<reports>/<suite>.log``; a line says when a suite starts and ends, and
 the end of a failed suite's log is printed. The peak memory each suite reached is measured again (its
-process tree's resident memory, sampled every few seconds) and printed in the summary.
+process tree's proportional set size, sampled every few seconds) and printed in the summary.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["LONGEST_FIRST", "PEAK_GIB", "Finished", "default_jobs", "run_parallel", "tree_rss"]
+__all__ = ["LONGEST_FIRST", "PEAK_GIB", "Finished", "default_jobs", "run_parallel", "tree_memory"]
 
 #: The suites, the longest first (minutes of pytest on the shared 2-core machine, one at a time:
 #: verl-train 11.5, vllm 8.4, megatron-train 5.8, megatron 5.1, eval 3.0, verl 2.1, reference 2.0,
@@ -33,7 +33,7 @@ __all__ = ["LONGEST_FIRST", "PEAK_GIB", "Finished", "default_jobs", "run_paralle
 LONGEST_FIRST = ("verl-train", "vllm", "megatron-train", "megatron", "eval", "verl", "reference", "core",
                  "megatron-bridge", "docs")
 
-#: The peak resident memory (GiB) of each suite's process tree, measured in this project's runs and
+#: The peak memory (GiB, proportional set size) of each suite's process tree, measured in this project's runs and
 #: rounded up; a suite not named here counts as :data:`DEFAULT_PEAK_GIB`.
 PEAK_GIB: dict[str, float] = {
     "verl-train": 12.0, "vllm": 9.0, "eval": 6.0, "megatron-train": 6.0, "megatron": 4.0, "reference": 4.0,
@@ -85,17 +85,31 @@ def _children() -> dict[int, list[int]]:
     return kids
 
 
-def tree_rss(pid: int, kids: dict[int, list[int]] | None = None) -> int:
-    """The resident memory (bytes) of ``pid`` and every process below it; 0 where ``/proc`` cannot be read."""
+def _pss(pid: int, page: int) -> int:
+    """A process's proportional set size (its resident memory, pages shared with others divided among
+    them: the libraries every worker of a Ray cluster or a vLLM server maps would otherwise count once
+    per process), from ``smaps_rollup``; its resident size where that cannot be read."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def tree_memory(pid: int, kids: dict[int, list[int]] | None = None) -> int:
+    """The memory (bytes, proportional set size) of ``pid`` and every process below it; 0 where ``/proc``
+    cannot be read."""
     kids = _children() if kids is None else kids
     page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
     total, todo = 0, [pid]
     while todo:
         p = todo.pop()
-        try:
-            total += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * page
-        except (OSError, IndexError, ValueError):
-            pass
+        total += _pss(p, page)
         todo.extend(kids.get(p, ()))
     return total
 
@@ -160,7 +174,7 @@ def run_parallel(suites: Sequence[str], command: Callable[[str], list[str]], *, 
             time.sleep(poll)
             kids = _children()
             for r in list(running):
-                r.peak = max(r.peak, tree_rss(r.proc.pid, kids))
+                r.peak = max(r.peak, tree_memory(r.proc.pid, kids))
                 if r.proc.poll() is None:
                     continue
                 r.out.close()  # type: ignore[attr-defined]

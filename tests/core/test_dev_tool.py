@@ -191,7 +191,7 @@ def test_a_failed_suite_is_reported_with_its_exit_and_the_others_still_run(tmp_p
 
 def test_a_suites_peak_memory_counts_the_processes_it_starts(tmp_path: Path) -> None:
     lanes = _module("lanes")
-    # a parent that starts a child holding about 300 MiB: the tree's resident memory counts the child
+    # a parent that starts a child holding about 300 MiB: the tree's memory counts the child
     code = ("import subprocess, sys; subprocess.run([sys.executable, '-c', "
             "'b = bytearray(300 * 2**20); import time; time.sleep(1.5)'])")
     done = lanes.run_parallel(["core"], lambda _: [sys.executable, "-c", code], jobs=1, logs=tmp_path,
