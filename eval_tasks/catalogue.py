@@ -20,7 +20,8 @@ Entry fields (``catalogue.yaml``):
 - ``upstream`` and ``upstream_dir``: the upstream task, group or tag (or a list of them, made one
   group) and the folder(s) (under the harness's ``tasks/``) that hold it and its members; ``task``:
   the Apertus task (default ``apertus_<upstream>``); ``template``: the YAML of a hand-written task (under the harness's
-  folder of this package);
+  folder of this package): a ``handwritten`` row's lm-eval task, or an ``lmms`` row's own lmms-eval task where
+  lmms-eval has none (then no ``upstream``; VQA-RAD);
 - ``metric``: the result key the report reads (``exact_match,strict-match``); ``scale``: the
   factor to percent (100 for a fraction, 1 for a harness that reports percent); ``higher_is_better``;
 - ``think``: a thinking variant ``<task>_think`` too: ``true`` (one run) or a key of
@@ -398,9 +399,11 @@ def _benchmark(entry: dict[str, Any]) -> Benchmark:
     if kw.get("harness", harness) != harness:
         raise _fail(entry, f"kind {kw['kind']} runs on {harness}")
     kw["harness"] = harness
-    if kw["kind"] == "handwritten":
+    if kw["kind"] == "handwritten" or (kw["kind"] == "lmms" and kw.get("template")):
         if not kw.get("template") or not kw.get("task"):
             raise _fail(entry, "a hand-written task names its template and task")
+        if kw.get("upstream"):
+            raise _fail(entry, "a task of this package (template) derives from no upstream task: drop upstream")
     elif not kw.get("upstream"):
         raise _fail(entry, "upstream is required (or absent: the reason)")
     if isinstance(kw.get("upstream"), tuple) and not kw.get("task"):

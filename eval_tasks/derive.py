@@ -11,8 +11,8 @@ budgets, sampling and stops, the report's shots, mean@k repeats, the local-data 
 class that strips the thinking span before upstream's extraction (:mod:`eval_tasks.lm_eval.protocol`,
 :mod:`eval_tasks.lmms_eval.common`). An upstream group or tag becomes an ``apertus_`` group of
 derived members. The package's own tasks (where upstream has none: SwitzerlandQA, BFCL v3, the
-charter alignment, OR-Bench) are included the same way, their subtasks generated from the one
-definition in their ``utils.py`` (``SUBTASKS``). No upstream config is copied: upgrading the
+charter alignment, OR-Bench; VQA-RAD for lmms-eval) are included the same way, their subtasks generated
+from the one definition in their ``utils.py`` (``SUBTASKS``). No upstream config is copied: upgrading the
 harness regenerates the folder from the new version.
 
 The folder is written once per content: its name is the harness version and a hash of what it
@@ -359,10 +359,19 @@ class _LmmsEval:
 
 
 def _lmms_task(h: _LmmsEval, b: Benchmark, mode: str, files: dict[str, str]) -> str:
-    path = h.find(b, str(b.upstream))
+    """The derived task of ``b`` in ``mode``: upstream's task, or this package's (``template``), under the
+    protocol's generation settings, the class that reads local data, and the catalogue's overrides."""
+    if b.template:
+        path = _PACKAGE / "lmms_eval" / str(b.template)
+        if not path.is_file():
+            raise DerivationError(f"benchmark {b.id}: the template {path} is missing from the package")
+        source = "this package's task"
+    else:
+        path = h.find(b, str(b.upstream))
+        source = f"lmms-eval's {b.upstream}"
     cfg = h.load(path)
     if cfg.get("output_type", "generate_until") != "generate_until":
-        raise DerivationError(f"benchmark {b.id}: lmms-eval's {b.upstream} is a {cfg.get('output_type')} task; the "
+        raise DerivationError(f"benchmark {b.id}: {source} is a {cfg.get('output_type')} task; the "
                               "apertus model generates")
     name = f"{b.task}{_suffix(b, mode)}"
     audio = "audio" in b.suites
@@ -375,7 +384,7 @@ def _lmms_task(h: _LmmsEval, b: Benchmark, mode: str, files: dict[str, str]) -> 
     if b.add_filters:
         out["apertus_add_filters"] = _functions(list(b.add_filters))
     out.update(_functions(b.overrides))
-    files[f"{name}.yaml"] = _dump(out, f"{b.name} ({b.listed}): lmms-eval's {b.upstream}, {mode}")
+    files[f"{name}.yaml"] = _dump(out, f"{b.name} ({b.listed}): {source}, {mode}")
     return name
 
 
@@ -397,7 +406,7 @@ def generate(harness: str) -> dict[str, str]:
         if not b.runnable or b.harness != harness:
             continue
         for mode in _modes(b):
-            if b.kind == "handwritten":
+            if b.kind == "handwritten":  # an lmms row with a template is derived as lmms-eval's tasks are
                 name = _handwritten(harness, b, mode, files)
             elif harness == "lm_eval" and isinstance(b.upstream, tuple):
                 name = f"{b.task}{_suffix(b, mode)}"

@@ -273,7 +273,7 @@ _SECTIONS = [("Text: Tables L.1 and L.2, machine translation (Tables 31 and 32)"
 
 
 def _upstream(b: Benchmark) -> str:
-    if b.kind == "handwritten":
+    if b.template:
         return "- (this package's task)"
     names = b.upstream if isinstance(b.upstream, tuple) else (b.upstream,)
     harness = "lm-eval" if b.harness == "lm_eval" else "lmms-eval"

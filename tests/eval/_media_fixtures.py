@@ -86,6 +86,14 @@ def write_media_fixtures(root: Path) -> Path:
          "question": "How many dots are there?", "choices": None, "unit": None, "precision": None, "answer": "42",
          "question_type": "free_form", "answer_type": "integer",
          "query": "Question: How many dots are there?", "metadata": meta}])
+    d = root / "vqa_rad"  # the hub copy's fields (image, question, answer): two closed questions, one open
+    _jsonl(d / "test.jsonl", [
+        {"image": "img/" + _png(d / "img" / "r0.png", 10, (48, 48)), "question": "is there a pneumothorax?",
+         "answer": "yes"},
+        {"image": "img/" + _png(d / "img" / "r1.png", 11, (36, 60)), "question": "Is the liver enlarged?",
+         "answer": "no"},
+        {"image": "img/" + _png(d / "img" / "r2.png", 12, (64, 40)), "question": "what imaging modality was used?",
+         "answer": "x-ray"}])
     d = root / "librispeech" / "librispeech_test_clean"
     _jsonl(d / "librispeech_test_clean.jsonl", [
         {"audio": "wav/" + _wav(d / "wav" / "l0.wav", 0.4, 16000, 0), "gt": "hello world",
