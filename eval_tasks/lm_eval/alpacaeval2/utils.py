@@ -48,7 +48,7 @@ from typing import Any
 from apertus_plugins.posttrain.evaluation import strip_thinking
 from apertus_plugins.posttrain.judges import PROMPT_SECTION, JudgeError, OpenAIJudge
 from eval_tasks.catalogue import JUDGE_KEY_ENV, JUDGE_MODEL_ENV, JUDGE_TOP_ENV, JUDGE_URL_ENV
-from eval_tasks.data import DataPathError, load_split, local_path
+from eval_tasks.data import DataPathError, load_split, local_path, setting_name
 from eval_tasks.lm_eval.common import with_degeneration
 
 TASK = "apertus_alpacaeval2"
@@ -100,7 +100,11 @@ def _reference_outputs() -> Any:
     import datasets
     from huggingface_hub import hf_hub_download
 
-    path = hf_hub_download(HUB, f"{REFERENCE}.json", repo_type="dataset")
+    try:
+        path = hf_hub_download(HUB, f"{REFERENCE}.json", repo_type="dataset")
+    except OSError as exc:  # offline, or the hub cannot be reached: say which setting gives a local copy
+        raise DataPathError(f"task {TASK}: no local AlpacaEval data and {REFERENCE}.json of {HUB} cannot be had from "
+                            f"the hub ({exc}); set {setting_name('alpaca_eval')} to a copy of {HUB}") from exc
     return datasets.load_dataset("json", data_files=[path], split="train")
 
 
