@@ -136,7 +136,8 @@ def test_no_upstream_config_is_copied(lm_eval_path: Path) -> None:
     """The package holds templates only where upstream has no task, and BFCL's eleven categories and
     SwitzerlandQA's five languages come from one definition each (their ``SUBTASKS``)."""
     yamls = sorted(p.relative_to(PACKAGE_TASKS).as_posix() for p in PACKAGE_TASKS.rglob("*.yaml"))
-    assert yamls == ["bfcl_v3/bfcl_v3.yaml", "charter_alignment/apertus_charter_alignment.yaml",
+    assert yamls == ["alpacaeval2/apertus_alpacaeval2.yaml", "bfcl_v3/bfcl_v3.yaml",
+                     "charter_alignment/apertus_charter_alignment.yaml",
                      "or_bench/apertus_or_bench_hard.yaml", "switzerland_qa/switzerland_qa.yaml"]
     for path in PACKAGE_TASKS.rglob("*.yaml"):
         assert "generation_kwargs" not in _yaml(path), path  # the protocol's settings are stated in one place
