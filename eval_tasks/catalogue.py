@@ -64,7 +64,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-__all__ = ["CHARTER_ENV", "JUDGE_KEY_ENV", "JUDGE_MODEL_ENV", "JUDGE_URL_ENV", "Benchmark", "CatalogueError", "KINDS", "METRIC_NAMES", "Protocol", "Reference", "Row", "SUITES", "Table",
+__all__ = ["CHARTER_ENV", "JUDGE_KEY_ENV", "JUDGE_MODEL_ENV", "JUDGE_TOP_ENV", "JUDGE_URL_ENV", "Benchmark", "CatalogueError", "KINDS", "METRIC_NAMES", "Protocol", "Reference", "Row", "SUITES", "Table",
            "benchmarks", "by_id", "cited_protocol", "load", "mismatches", "suite", "tables"]
 
 KINDS = ("chat", "completions", "base", "handwritten", "lmms")
@@ -73,6 +73,8 @@ KINDS = ("chat", "completions", "base", "handwritten", "lmms")
 JUDGE_URL_ENV = "APERTUS_EVAL_JUDGE_URL"
 JUDGE_MODEL_ENV = "APERTUS_EVAL_JUDGE_MODEL"
 JUDGE_KEY_ENV = "APERTUS_EVAL_JUDGE_API_KEY"
+#: the alternatives a pairwise judge's verdict token is read from (its top log-probabilities; default 20)
+JUDGE_TOP_ENV = "APERTUS_EVAL_JUDGE_TOP_LOGPROBS"
 CHARTER_ENV = "APERTUS_EVAL_CHARTER"
 #: The suites of ``apertus eval report`` and what each runs.
 SUITES: dict[str, str] = {

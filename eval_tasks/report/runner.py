@@ -4,9 +4,9 @@ the report's tables with our numbers beside the report's.
 The plan is the suite's Apertus tasks (:mod:`eval_tasks.catalogue`) in the modes the suite runs
 (thinking off, on, the base model). Before anything runs, the server is asked what it serves
 (:mod:`eval_tasks.report.server`) and every task's needs are checked: the context the protocol's
-budgets and RULER's lengths take, the audio length of the long-form tasks, a tokenizer, a judge,
-permission to execute model-written code; what is unmet is listed at once with the option to
-change (``--skip-unmet`` runs the rest). The tasks then run in one worker process per harness
+budgets and RULER's lengths take, the audio length of the long-form tasks, a tokenizer, a judge (named
+and answering: asked once for its models), permission to execute model-written code; what is unmet
+is listed at once with the option to change (``--skip-unmet`` runs the rest). The tasks then run in one worker process per harness
 (:mod:`eval_tasks.report.worker`), with a progress bar over the tasks; each finished task leaves
 ``runs/<task>/result.json``, and a rerun of the same command skips those (``--rerun`` runs them
 again): a killed run resumes where it stopped. Last, ``report.md``, ``report.svg``, ``report.html``,
@@ -28,7 +28,17 @@ from pathlib import Path
 from typing import Any
 
 from apertus_plugins.infra.files import write_text_atomic
-from eval_tasks.catalogue import CHARTER_ENV, JUDGE_MODEL_ENV, JUDGE_URL_ENV, SUITES, Benchmark, by_id, load, suite
+from eval_tasks.catalogue import (
+    CHARTER_ENV,
+    JUDGE_KEY_ENV,
+    JUDGE_MODEL_ENV,
+    JUDGE_URL_ENV,
+    SUITES,
+    Benchmark,
+    by_id,
+    load,
+    suite,
+)
 
 from .render import Line, html, markdown, part_of, svg, terminal
 from .worker import write_json
@@ -114,6 +124,19 @@ def _client(base_url: str, timeout: float = 120.0) -> Any:
     return Client(base_url, timeout=timeout, retry=RetryPolicy(attempts=2))
 
 
+def judge_problem(url: str, model: str) -> str | None:
+    """Why the judge the user names cannot serve (unreachable, another model, not a URL), or None."""
+    from apertus_plugins.posttrain.judges import JudgeError, OpenAIJudge
+
+    try:
+        OpenAIJudge(base_url=url, model=model, feedback_template="{prompt}", rating_template="{prompt}",
+                    pairwise_template="{prompt}", api_key=os.environ.get(JUDGE_KEY_ENV, "").strip() or None,
+                    timeout=30.0, max_retries=1, backoff=0.5).check()
+    except (JudgeError, ValueError) as exc:
+        return f"the judge given by {JUDGE_URL_ENV}={url} ({JUDGE_MODEL_ENV}={model}) cannot be used: {exc}"
+    return None
+
+
 def needs(items: Sequence[Item], opts: Options, served: Any, client: Any) -> dict[str, list[str]]:
     """What each task needs that is not there: ``{task: [problem, ...]}`` (the option to change named)."""
     from apertus_plugins.core.media.audio import SAMPLE_RATE, audio_code_count
@@ -121,6 +144,7 @@ def needs(items: Sequence[Item], opts: Options, served: Any, client: Any) -> dic
 
     ctx = served.max_model_len
     out: dict[str, list[str]] = {}
+    judges: dict[tuple[str, str], str | None] = {}
     audio_limits: dict[float, str | None] = {}
     for item in items:
         b, problems = item.benchmark, []
@@ -134,6 +158,12 @@ def needs(items: Sequence[Item], opts: Options, served: Any, client: Any) -> dic
         if unset:
             problems.append(f"needs a judge: set {', '.join(unset)}" + (
                 f" (the report's judge: {b.report_judge})" if b.need("judge") is not None else ""))
+        if b.need("judge") is not None and not {JUDGE_URL_ENV, JUDGE_MODEL_ENV} & set(unset):
+            url, model = os.environ[JUDGE_URL_ENV].strip(), os.environ[JUDGE_MODEL_ENV].strip()
+            if (url, model) not in judges:
+                judges[(url, model)] = judge_problem(url, model)
+            if judges[(url, model)]:
+                problems.append(str(judges[(url, model)]))
         if ctx:
             if b.by_length:
                 longest = max(opts.lengths)

@@ -136,7 +136,8 @@ def test_no_upstream_config_is_copied(lm_eval_path: Path) -> None:
     """The package holds templates only where upstream has no task, and BFCL's eleven categories and
     SwitzerlandQA's five languages come from one definition each (their ``SUBTASKS``)."""
     yamls = sorted(p.relative_to(PACKAGE_TASKS).as_posix() for p in PACKAGE_TASKS.rglob("*.yaml"))
-    assert yamls == ["bfcl_v3/bfcl_v3.yaml", "charter_alignment/apertus_charter_alignment.yaml",
+    assert yamls == ["alpacaeval2/apertus_alpacaeval2.yaml", "bfcl_v3/bfcl_v3.yaml",
+                     "charter_alignment/apertus_charter_alignment.yaml",
                      "or_bench/apertus_or_bench_hard.yaml", "switzerland_qa/switzerland_qa.yaml"]
     for path in PACKAGE_TASKS.rglob("*.yaml"):
         assert "generation_kwargs" not in _yaml(path), path  # the protocol's settings are stated in one place
@@ -275,9 +276,14 @@ def test_an_unreachable_judge_names_the_task_and_the_setting(lm_eval_path: Path,
     with pytest.raises(RuntimeError, match=r"task apertus_charter_alignment: the judge given by "
                                            r"APERTUS_EVAL_JUDGE_URL=http://127.0.0.1:\d+/v1 .*unreachable"):
         tm.load(["apertus_charter_alignment"])
+    with pytest.raises(RuntimeError, match=r"task apertus_alpacaeval2: the judge given by "
+                                           r"APERTUS_EVAL_JUDGE_URL=http://127.0.0.1:\d+/v1 .*unreachable"):
+        tm.load(["apertus_alpacaeval2"])
     monkeypatch.delenv("APERTUS_EVAL_JUDGE_URL")
     with pytest.raises(RuntimeError, match=r"task apertus_charter_alignment: no judge; set APERTUS_EVAL_JUDGE_URL"):
         tm.load(["apertus_charter_alignment"])
+    with pytest.raises(RuntimeError, match=r"task apertus_alpacaeval2: no judge; set APERTUS_EVAL_JUDGE_URL"):
+        tm.load(["apertus_alpacaeval2"])
 
 
 def test_charter_alignment_is_a_length_controlled_win_rate() -> None:
@@ -297,19 +303,49 @@ def test_charter_alignment_is_a_length_controlled_win_rate() -> None:
     assert utils.lc_win_rate([(0.9, 400, 400), (0.8, 300, 300), (0.9, 500, 500)]) > 0.8
 
 
+def _alpaca_utils():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("alpaca_utils", PACKAGE_TASKS / "alpacaeval2" / "utils.py")
+    utils = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(utils)
+    return utils
+
+
+def test_alpacaeval2_win_rates_follow_the_judges_preferences() -> None:
+    """AlpacaEval 2's win rate and length-controlled win rate, computed by alpaca-eval from the judge's
+    preferences against the reference outputs: a judge that always prefers the model gives a high win
+    rate, one that always prefers the reference a low one, and a judge swayed only by length gives a
+    length-controlled win rate near a coin flip where the raw one follows the longer answers."""
+    utils = _alpaca_utils()
+    assert by_id()["alpacaeval2"].rows[0].metric == "lc_win_rate,none" and by_id()["alpacaeval2"].need("judge") == ""
+    ref = "A reference answer of moderate length."
+    answers = ["An answer " + "x" * (10 * i) for i in range(6)]
+    model_wins = [(i, 0.98, a, ref) for i, a in enumerate(answers)]
+    assert utils.win_rate([0.98] * 6) == pytest.approx(0.98)
+    assert utils.lc_win_rate(model_wins) > 0.9 and utils.lc_full_glm(model_wins) == 0.0  # offline: the minimal GLM
+    reference_wins = [(i, 0.02, a, ref) for i, a in enumerate(answers)]
+    assert utils.win_rate([0.02] * 6) == pytest.approx(0.02) and utils.lc_win_rate(reference_wins) < 0.1
+    # the judge prefers whichever answer is longer, and most of the model's answers are longer
+    lengths = [30 + (37 * k) % 91 for k in range(40)]
+    swayed = [(i, 0.9 if n > len(ref) else 0.1, "y" * n, ref) for i, n in enumerate(lengths)]
+    raw = utils.win_rate([p for _, p, _, _ in swayed])
+    assert raw > 0.7 and abs(utils.lc_win_rate(swayed) - 0.5) < 0.5 * abs(raw - 0.5)
+
+
 # ------------------------------------------------------------------ end to end against the served checkpoint
 
 E2E_TASKS = ["apertus_arc_challenge_chat", "apertus_gsm8k_cot_llama", "apertus_minerva_math500",
              "apertus_minerva_math500_think", "apertus_ifeval", "apertus_switzerland_qa", "apertus_or_bench_hard",
              "apertus_bfcl_v3_simple", "apertus_bfcl_v3_parallel", "apertus_bfcl_v3_irrelevance",
-             "apertus_charter_alignment", "apertus_global_mmlu"]
+             "apertus_charter_alignment", "apertus_global_mmlu", "apertus_alpacaeval2"]
 METRICS = {
     "apertus_arc_challenge_chat": "exact_match,remove_whitespace", "apertus_gsm8k_cot_llama": "exact_match,strict-match",
     "apertus_minerva_math500": "math_verify,none", "apertus_minerva_math500_think": "math_verify,none",
     "apertus_ifeval": "prompt_level_loose_acc,none", "apertus_switzerland_qa_de": "exact_match,none",
     "apertus_or_bench_hard": "refusal_rate,none", "apertus_bfcl_v3_simple": "acc,none",
     "apertus_bfcl_v3_parallel": "acc,none", "apertus_bfcl_v3_irrelevance": "acc,none",
-    "apertus_charter_alignment": "lc_win_rate,none",
+    "apertus_charter_alignment": "lc_win_rate,none", "apertus_alpacaeval2": "lc_win_rate,none",
 }
 
 
@@ -383,6 +419,23 @@ def test_lm_eval_runs_the_tasks_end_to_end(vllm_server: VLLMServer, judge_top_lo
         assert row["exact_match"] == float(letter == row["target"]), row
     charter = samples["samples_apertus_charter_alignment"]
     assert all(len(row["lc_win_rate"]) == 3 and 0.0 <= row["win_rate"] <= 1.0 for row in charter)
+    # AlpacaEval 2: each instruction's answer judged against its reference output by the named judge; the
+    # win rates are alpaca-eval's over exactly those preferences
+    from _fixtures import ALPACA_EVAL
+
+    alpaca = sorted(samples["samples_apertus_alpacaeval2"], key=lambda row: row["doc"]["index"])
+    assert [row["doc"]["instruction"] for row in alpaca] == [d["instruction"] for d in ALPACA_EVAL]
+    assert [row["target"] for row in alpaca] == [d["output"] for d in ALPACA_EVAL]
+    assert [m["content"] for m in _chat(alpaca[0]["arguments"]["gen_args_0"]["arg_0"])] == [ALPACA_EVAL[0]["instruction"]]
+    items = [row["lc_win_rate"] for row in alpaca]
+    assert [(i, ref) for i, _, _, ref in items] == [(k, d["output"]) for k, d in enumerate(ALPACA_EVAL)]
+    preferences = [row["win_rate"] for row in alpaca]
+    assert all(0.0 <= p <= 1.0 for p in preferences) and [p for _, p, _, _ in items] == preferences
+    utils = _alpaca_utils()
+    got = results["apertus_alpacaeval2"]
+    assert got["win_rate,none"] == pytest.approx(utils.win_rate(preferences))
+    assert got["win_rate,none"] == pytest.approx(sum(preferences) / len(preferences))
+    assert got["lc_win_rate,none"] == pytest.approx(utils.lc_win_rate(items)) and got["lc_full_glm,none"] == 0.0
 
 
 def test_bfcl_tools_reach_the_developer_block(vllm_server: VLLMServer) -> None:

@@ -42,7 +42,7 @@ def test_the_catalogue_lists_every_benchmark_of_the_reports_tables() -> None:
                    for row in b.rows for ref in row.reference.values()), b.id
     c = counts()
     assert c["report benchmarks"] == c["with an Apertus task"] + c["absent"] == len(items) - 1  # NIAH: a part of RULER
-    assert c == {"report benchmarks": 121, "with an Apertus task": 91, "absent": 30}
+    assert c == {"report benchmarks": 121, "with an Apertus task": 92, "absent": 29}
     # the numbers of the released 8B, cited by table, row and column (each checked against the report)
     refs = {b.id: {m: r.value for m, r in b.rows[0].reference.items()} for b in items}
     assert refs["math500"] == {"off": 50.2, "think": 71.4} and refs["aime24"] == {"off": 13.3, "think": 22.9}
@@ -58,7 +58,7 @@ def test_the_catalogue_lists_every_benchmark_of_the_reports_tables() -> None:
 NOT_IN_THE_HARNESSES = {
     "ifbench": "ifbench", "multi_ifeval": "multi_?if", "hallulens_precisewiki": "hallulens",
     "hallulens_longwiki": "hallulens", "hallulens_nonsensical": "hallulens", "harmbench": "harmbench",
-    "arena_hard_v01": "arena_?hard", "arena_hard_v2": "arena_?hard", "alpacaeval2": "^alpaca_?eval",
+    "arena_hard_v01": "arena_?hard", "arena_hard_v2": "arena_?hard",
     "polyglotoxicity": "polyglo", "aya_redteaming": "aya_?red", "realguardrails_sifeval": "guardrail",
     "realguardrails_tensortrust": "tensor_?trust|guardrail", "realguardrails_srules": "s_?rules|guardrail",
     "wmt24pp": "wmt_?24", "swissgov": "swiss_?gov", "helmet": "helmet", "frieda": "frieda", "geobench": "geobench",
@@ -136,11 +136,25 @@ def test_a_judged_benchmark_without_a_judge_is_skipped_naming_the_settings_and_t
     opts = Options(suite="post-trained-text", base_url="http://127.0.0.1:9/v1", output=tmp_path, max_new_tokens=64)
     assert needs(charter, opts, served, client=None)["apertus_charter_alignment"][0].startswith(
         "needs a judge: set APERTUS_EVAL_JUDGE_URL, APERTUS_EVAL_JUDGE_MODEL, APERTUS_EVAL_CHARTER")
-    monkeypatch.setenv("APERTUS_EVAL_JUDGE_URL", "http://127.0.0.1:9/v1")
+    alpaca = plan("post-trained-text", ["alpacaeval2"])
+    assert needs(alpaca, opts, served, client=None)["apertus_alpacaeval2"] == [
+        "needs a judge: set APERTUS_EVAL_JUDGE_URL, APERTUS_EVAL_JUDGE_MODEL (the report's judge: GPT-4.1 against "
+        "AlpacaEval's GPT-4 reference outputs; ours is the judge the user names (any OpenAI-compatible judge that "
+        "returns log-probabilities) against the same reference outputs)"]
+    # a named judge that does not answer: every judged task says so, the others run
+    from apertus_plugins.testing.serve import free_port
+
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    monkeypatch.setenv("APERTUS_EVAL_JUDGE_URL", url)
     monkeypatch.setenv("APERTUS_EVAL_JUDGE_MODEL", "judge")
-    assert needs(items, opts, served, client=None) == {}
-    assert needs(charter, opts, served, client=None)["apertus_charter_alignment"][0].startswith(
-        "needs a judge: set APERTUS_EVAL_CHARTER")
+    problems = needs(items, opts, served, client=None)
+    assert set(problems) == {"apertus_mathvista_testmini", "apertus_mathvista_testmini_think"}
+    unreachable = f"the judge given by APERTUS_EVAL_JUDGE_URL={url} (APERTUS_EVAL_JUDGE_MODEL=judge) cannot be used: "
+    assert problems["apertus_mathvista_testmini"][0].startswith(unreachable) and "unreachable" in \
+        problems["apertus_mathvista_testmini"][0]
+    assert needs(alpaca, opts, served, client=None)["apertus_alpacaeval2"][0].startswith(unreachable)
+    reasons = needs(charter, opts, served, client=None)["apertus_charter_alignment"]
+    assert reasons[0].startswith("needs a judge: set APERTUS_EVAL_CHARTER") and reasons[1].startswith(unreachable)
 
 
 # ------------------------------------------------------------------ against the served checkpoint
@@ -180,6 +194,26 @@ def test_unmet_needs_stop_the_run_at_the_start(vllm_server: VLLMServer, tmp_path
         assert audio_probe(client, vllm_server.url(""), SERVED_NAME, 5) is None
         assert audio_probe(client, vllm_server.url(""), SERVED_NAME, 70).startswith(
             "clips of up to 70 s; the server accepts 60 s: serve with --mm-processor-kwargs")
+
+
+def test_alpacaeval2_with_an_unreachable_judge_is_skipped_with_its_reason(vllm_server: VLLMServer, data_env: Path,
+                                                                         tmp_path: Path) -> None:
+    """`--skip-unmet`: AlpacaEval 2 against a named judge that does not answer is a skipped row naming the
+    judge and why, beside the report's number; nothing runs."""
+    from apertus_plugins.testing.serve import free_port
+
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    env = {**os.environ, "APERTUS_EVAL_JUDGE_URL": url, "APERTUS_EVAL_JUDGE_MODEL": "judge"}
+    out = tmp_path / "alpaca"
+    done = subprocess.run(_report(vllm_server, out, "--suite", "post-trained-text", "--benchmarks", "alpacaeval2",
+                                  "--max-new-tokens", "12", "--skip-unmet", "--no-progress"),
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    (row,) = json.loads((out / "report.json").read_text(encoding="utf-8"))["rows"]
+    assert row["task"] == "apertus_alpacaeval2" and row["ours"] is None and row["reference"]["value"] == 42.7, row
+    assert row["status"].startswith(f"skipped: the judge given by APERTUS_EVAL_JUDGE_URL={url} "
+                                    "(APERTUS_EVAL_JUDGE_MODEL=judge) cannot be used: ") and "unreachable" in row["status"]
+    assert not (out / "runs").exists()
 
 
 def _workers(out: Path) -> list[int]:

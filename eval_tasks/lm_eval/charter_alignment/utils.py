@@ -35,13 +35,13 @@ from typing import Any
 
 from apertus_plugins.posttrain.evaluation import length_controlled_win_rate, strip_thinking
 from apertus_plugins.posttrain.judges import JudgeError, OpenAIJudge
-from eval_tasks.catalogue import CHARTER_ENV, JUDGE_MODEL_ENV, JUDGE_URL_ENV
+from eval_tasks.catalogue import CHARTER_ENV, JUDGE_MODEL_ENV, JUDGE_TOP_ENV, JUDGE_URL_ENV
 from eval_tasks.data import DataPathError, load_splits
 from eval_tasks.lm_eval.common import with_degeneration
 
 TASK = "apertus_charter_alignment"
 ASPECT = "alignment with the charter"
-URL, MODEL, CHARTER, TOP = JUDGE_URL_ENV, JUDGE_MODEL_ENV, CHARTER_ENV, "APERTUS_EVAL_JUDGE_TOP_LOGPROBS"
+URL, MODEL, CHARTER, TOP = JUDGE_URL_ENV, JUDGE_MODEL_ENV, CHARTER_ENV, JUDGE_TOP_ENV
 
 
 class JudgeSettingError(RuntimeError):
