@@ -81,3 +81,5 @@ def test_a_malformed_item_names_the_item() -> None:
         utils.process_results(doc, ["x"])
     with pytest.raises(ValueError, match="item 9: 1 instructions but 2 kwargs entries"):
         utils.process_results({**doc, "instruction_id_list": ["format:no_whitespace"], "kwargs": [{}, {}]}, ["x"])
+    with pytest.raises(ValueError, match=r"item 9: instruction 'count:numbers' takes no arguments \['min_words'\]"):
+        utils.process_results({**doc, "instruction_id_list": ["count:numbers"], "kwargs": [{"min_words": 3}]}, ["x"])

@@ -27,6 +27,7 @@ counted in ``checker_error`` (the share of prompts where it happened): one respo
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -95,6 +96,8 @@ def _test(lib: ModuleType, fn: Callable[..., Any], item: str, prompt: str, iid: 
         missing = re.search(r"Resource \S+ not found", str(exc))
         raise IFBenchDataError(f"task {TASK}, item {item}: instruction {iid!r} needs nltk data that is not installed"
                                f"{f' ({missing.group(0)})' if missing else ''}: {NLTK_FIX}") from exc
+    except ImportError:  # a checker's package is missing (lighteval's placeholder): not the response's fault
+        raise
     except Exception as exc:  # a response the checker cannot parse: not followed, and said so
         return _unparsed(item, iid, exc)
 
@@ -119,6 +122,12 @@ def score(doc: dict[str, Any], response: str) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"task {TASK}, item {item}: unknown instruction ids {unknown} (lighteval's IFBench "
                          f"registry has {len(known)})")
+    for iid, kw in zip(ids, raw, strict=True):
+        params = inspect.signature(known[iid].build_description).parameters
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        extra = set() if takes_any else set(_kwargs(kw)) - set(params)
+        if extra:
+            raise ValueError(f"task {TASK}, item {item}: instruction {iid!r} takes no arguments {sorted(extra)}")
     answer = strip_thinking(response)
     strict, loose, errors = [], [], []
     for iid, kw in zip(ids, raw, strict=True):
