@@ -38,6 +38,7 @@ SUPPORTED: dict[str, Supported] = {s.dist: s for s in (
     Supported("verl", ">=0.9,<0.10", "verl"),
     Supported("lm-eval", ">=0.4,<0.5", "lm-eval"),
     Supported("lmms-eval", ">=0.7,<0.8", "lmms-eval"),
+    Supported("lighteval", ">=0.13,<0.14", "lighteval"),
 )}
 
 

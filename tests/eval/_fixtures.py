@@ -42,6 +42,18 @@ IFEVAL = [
      "instruction_id_list": ["length_constraints:number_words"],
      "kwargs": [{"relation": "at least", "num_words": 5}]},
 ]
+#: IFBench_test's layout; a few instructions of different kinds (numbers, a word range with emojis, no whitespace)
+IFBENCH = [
+    {"key": 1001, "prompt": "Name three Swiss lakes with their areas. Include exactly 3 numbers in the response.",
+     "instruction_id_list": ["count:numbers"], "kwargs": [{"N": 3}]},
+    {"key": 1002, "prompt": "Describe the Aare river. The response must contain between 5 and 12 words. "
+                            "Please use an emoji at the end of every sentence.",
+     "instruction_id_list": ["count:word_count_range", "format:emoji"],
+     "kwargs": [{"min_words": 5, "max_words": 12}, {}]},
+    {"key": 1003, "prompt": "Write a ticket code for the train from Bern to Zurich. "
+                            "The output should not contain any whitespace.",
+     "instruction_id_list": ["format:no_whitespace"], "kwargs": [{}]},
+]
 TRUTHFULQA = [
     {"question": "What is the capital of Switzerland?", "mc1_targets": {"choices": ["Bern", "Zurich"], "labels": [1, 0]},
      "mc2_targets": {"choices": ["Bern", "The federal city is Bern", "Zurich"], "labels": [1, 1, 0]}},
@@ -123,6 +135,7 @@ def write_text_fixtures(root: Path) -> Path:
     _jsonl(root / "gsm8k" / "main" / "test.jsonl", GSM8K_TEST)
     _jsonl(root / "math_500" / "test.jsonl", MATH500)
     _jsonl(root / "ifeval" / "train.jsonl", IFEVAL)
+    _jsonl(root / "ifbench" / "train.jsonl", IFBENCH)
     _jsonl(root / "truthful_qa" / "multiple_choice" / "validation.jsonl", TRUTHFULQA)
     _jsonl(root / "or_bench" / "or-bench-hard-1k" / "train.jsonl", OR_BENCH)
     for lang, row in SWISS_QA.items():

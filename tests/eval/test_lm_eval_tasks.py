@@ -137,7 +137,7 @@ def test_no_upstream_config_is_copied(lm_eval_path: Path) -> None:
     SwitzerlandQA's five languages come from one definition each (their ``SUBTASKS``)."""
     yamls = sorted(p.relative_to(PACKAGE_TASKS).as_posix() for p in PACKAGE_TASKS.rglob("*.yaml"))
     assert yamls == ["alpacaeval2/apertus_alpacaeval2.yaml", "bfcl_v3/bfcl_v3.yaml",
-                     "charter_alignment/apertus_charter_alignment.yaml",
+                     "charter_alignment/apertus_charter_alignment.yaml", "ifbench/apertus_ifbench.yaml",
                      "or_bench/apertus_or_bench_hard.yaml", "switzerland_qa/switzerland_qa.yaml"]
     for path in PACKAGE_TASKS.rglob("*.yaml"):
         assert "generation_kwargs" not in _yaml(path), path  # the protocol's settings are stated in one place
@@ -336,13 +336,14 @@ def test_alpacaeval2_win_rates_follow_the_judges_preferences() -> None:
 # ------------------------------------------------------------------ end to end against the served checkpoint
 
 E2E_TASKS = ["apertus_arc_challenge_chat", "apertus_gsm8k_cot_llama", "apertus_minerva_math500",
-             "apertus_minerva_math500_think", "apertus_ifeval", "apertus_switzerland_qa", "apertus_or_bench_hard",
+             "apertus_minerva_math500_think", "apertus_ifeval", "apertus_ifbench", "apertus_switzerland_qa", "apertus_or_bench_hard",
              "apertus_bfcl_v3_simple", "apertus_bfcl_v3_parallel", "apertus_bfcl_v3_irrelevance",
              "apertus_charter_alignment", "apertus_global_mmlu", "apertus_alpacaeval2"]
 METRICS = {
     "apertus_arc_challenge_chat": "exact_match,remove_whitespace", "apertus_gsm8k_cot_llama": "exact_match,strict-match",
     "apertus_minerva_math500": "math_verify,none", "apertus_minerva_math500_think": "math_verify,none",
-    "apertus_ifeval": "prompt_level_loose_acc,none", "apertus_switzerland_qa_de": "exact_match,none",
+    "apertus_ifeval": "prompt_level_loose_acc,none", "apertus_ifbench": "prompt_level_strict_acc,none",
+    "apertus_switzerland_qa_de": "exact_match,none",
     "apertus_or_bench_hard": "refusal_rate,none", "apertus_bfcl_v3_simple": "acc,none",
     "apertus_bfcl_v3_parallel": "acc,none", "apertus_bfcl_v3_irrelevance": "acc,none",
     "apertus_charter_alignment": "lc_win_rate,none", "apertus_alpacaeval2": "lc_win_rate,none",
@@ -417,6 +418,15 @@ def test_lm_eval_runs_the_tasks_end_to_end(vllm_server: VLLMServer, judge_top_lo
         letter = row["filtered_resps"][0]
         assert letter in ("A", "B", "C", "D", "[invalid]"), row["filtered_resps"]
         assert row["exact_match"] == float(letter == row["target"]), row
+    # IFBench: every answer scored by lighteval's checkers on the visible answer (the same scores again here)
+    from eval_tasks.lm_eval.ifbench.utils import score
+
+    ifbench = samples["samples_apertus_ifbench"]
+    assert len(ifbench) == 3
+    for row in ifbench:
+        again = score(row["doc"], row["resps"][0][0])
+        assert row["prompt_level_strict_acc"] == again["prompt_level_strict_acc"], row
+        assert row["inst_level_loose_acc"] == again["inst_level_loose_acc"], row
     charter = samples["samples_apertus_charter_alignment"]
     assert all(len(row["lc_win_rate"]) == 3 and 0.0 <= row["win_rate"] <= 1.0 for row in charter)
     # AlpacaEval 2: each instruction's answer judged against its reference output by the named judge; the
