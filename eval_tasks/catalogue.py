@@ -44,7 +44,7 @@ Entry fields (``catalogue.yaml``):
   not compared: this package's suites compare the 8B); ``rows``: several rows of one task
   (RULER's lengths), each ``{label, metric, reference}``;
 - ``base_run``: the benchmark also runs on the base model (a ``<task>_base`` variant: upstream's
-  prompt without the chat template), for its base-model number of Tables 13-22;
+  prompt, or a hand-written task's own, without the chat template), for its base-model number of Tables 13-22;
 - ``report_judge``: for a row that needs a judge, the judge the report scored with (ours is the
   one the user names), or why it names none;
 - ``categories``: the category set this package runs (``all`` unless it runs a part of the benchmark).
@@ -237,9 +237,9 @@ class Benchmark:
         return "_think" if mode == "think" else "_base" if mode == "base" and self.base_run else ""
 
     def kind_in(self, mode: str) -> str:
-        """How the task of ``mode`` runs: a base-model variant of a generated benchmark is ``base``
-        (upstream's prompt and decoding through the completions API)."""
-        if mode == "base" and self.base_run and self.kind == "chat":
+        """How the task of ``mode`` runs: a base-model variant of a generated or hand-written benchmark is
+        ``base`` (upstream's or the task's own prompt, the base decoding, through the completions API)."""
+        if mode == "base" and self.base_run and self.kind in ("chat", "handwritten"):
             return "base"
         return str(self.kind)
 
@@ -376,7 +376,7 @@ def _benchmark(entry: dict[str, Any]) -> Benchmark:
     rows = tuple(Row(r["label"], r.get("metric"), _reference(entry, r.get("reference"))) for r in kw.pop("rows", []))
     kw["rows"] = rows or (Row(entry["name"], entry.get("metric"), reference),)
     kw["reference_70b"] = _reference(entry, kw.get("reference_70b"))
-    if kw.get("base_run") and not (kw.get("kind") in ("chat", "completions") and kw.get("chat", True)):
+    if kw.get("base_run") and not (kw.get("kind") in ("chat", "completions", "handwritten") and kw.get("chat", True)):
         raise _fail(entry, "base_run adds a base-model variant to a benchmark run through the chat template")
     for key in ("suites", "needs", "add_filters"):
         kw[key] = tuple(kw.get(key) or ())

@@ -11,7 +11,7 @@ budgets, sampling and stops, the report's shots, mean@k repeats, the local-data 
 class that strips the thinking span before upstream's extraction (:mod:`eval_tasks.lm_eval.protocol`,
 :mod:`eval_tasks.lmms_eval.common`). An upstream group or tag becomes an ``apertus_`` group of
 derived members. The package's own tasks (where upstream has none: SwitzerlandQA, BFCL v3, the
-charter alignment, OR-Bench; VQA-RAD for lmms-eval) are included the same way, their subtasks generated
+charter alignment, OR-Bench, SQuAD v2; VQA-RAD for lmms-eval) are included the same way, their subtasks generated
 from the one definition in their ``utils.py`` (``SUBTASKS``). No upstream config is copied: upgrading the
 harness regenerates the folder from the new version.
 
@@ -46,7 +46,7 @@ from apertus_plugins.posttrain.evaluation import (
 from . import require
 from .catalogue import Benchmark, load
 
-__all__ = ["HARNESSES", "DerivationError", "generate", "include_path", "manifest"]
+__all__ = ["HARNESSES", "DerivationError", "base_generation_kwargs", "generate", "include_path", "manifest"]
 
 HARNESSES = ("lm_eval", "lmms_eval")
 CACHE_SETTING = "APERTUS_EVAL_TASKS_CACHE"
@@ -111,6 +111,13 @@ def generation_kwargs(mode: str, tools: bool = False) -> dict[str, Any]:
     gen["skip_special_tokens"] = False
     gen["chat_template_kwargs"] = {"enable_thinking": bool(decoding["enable_thinking"])}
     return gen
+
+
+def base_generation_kwargs() -> dict[str, Any]:
+    """lm-eval ``generation_kwargs`` of a hand-written generative task on the base model (no chat template,
+    the completions API): greedy, the answer line alone (stop at the first newline, as lm-eval's own
+    extractive QA tasks stop), at most 64 tokens."""
+    return {"until": ["\n"], "max_gen_toks": 64, "do_sample": False, "temperature": 0.0}
 
 
 def lmms_generation_kwargs(upstream: dict[str, Any] | None, mode: str, audio: bool, own_cap: bool = True) -> dict[str, Any]:
@@ -292,7 +299,7 @@ def _handwritten(harness: str, b: Benchmark, mode: str, files: dict[str, str]) -
     template = _PACKAGE / harness / str(b.template)
     if not template.is_file():
         raise DerivationError(f"benchmark {b.id}: the template {template} is missing from the package")
-    gen = generation_kwargs(mode, tools="tools" in b.needs)
+    gen = base_generation_kwargs() if b.kind_in(mode) == "base" else generation_kwargs(mode, tools="tools" in b.needs)
     subtasks = _subtasks(template.parent / "utils.py")
     suffix = _suffix(b, mode)
     if not subtasks:

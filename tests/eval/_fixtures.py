@@ -98,6 +98,13 @@ BFCL = {
 }
 
 
+#: SQuAD v2's layout (``validation``: a passage, a question, the gold answers; none for an unanswerable one)
+SQUAD_V2 = [
+    {"id": "sq1", "title": "Switzerland", "context": "Bern is the federal city of Switzerland. Zurich is its largest city.",
+     "question": "Which city is the largest in Switzerland?", "answers": {"text": ["Zurich"], "answer_start": [48]}},
+    {"id": "sq2", "title": "Switzerland", "context": "Bern is the federal city of Switzerland. Zurich is its largest city.",
+     "question": "What is the population of Bern?", "answers": {"text": [], "answer_start": []}},
+]
 #: the prompts with a baseline answer each (the charter alignment's length-controlled win rate
 #: compares the model's answer with it)
 CHARTER_PROMPTS = [
@@ -136,6 +143,7 @@ def write_text_fixtures(root: Path) -> Path:
     _jsonl(root / "math_500" / "test.jsonl", MATH500)
     _jsonl(root / "ifeval" / "train.jsonl", IFEVAL)
     _jsonl(root / "ifbench" / "train.jsonl", IFBENCH)
+    _jsonl(root / "squad_v2" / "validation.jsonl", SQUAD_V2)
     _jsonl(root / "truthful_qa" / "multiple_choice" / "validation.jsonl", TRUTHFULQA)
     _jsonl(root / "or_bench" / "or-bench-hard-1k" / "train.jsonl", OR_BENCH)
     for lang, row in SWISS_QA.items():

@@ -19,7 +19,7 @@ from apertus_plugins.infra.client import http_json
 from apertus_plugins.posttrain.evaluation import DEFAULT_DECODING, MEAN_AT_K, THINKING_DECODING, stop_strings
 from apertus_plugins.testing.serve import VLLMServer
 from eval_tasks.catalogue import by_id, load, mismatches
-from eval_tasks.derive import include_path, manifest
+from eval_tasks.derive import base_generation_kwargs, include_path, manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_TASKS = ROOT / "eval_tasks" / "lm_eval"
@@ -60,6 +60,9 @@ def test_every_derived_task_follows_the_protocol(lm_eval_path: Path) -> None:
         assert Path(cfg["include"]).is_absolute() and Path(cfg["include"]).is_file(), name
         b = templates.get(cfg["include"]) or catalogue[cfg["metadata"]["apertus_benchmark"]]
         mode = "think" if name.endswith("_think") else "base" if name.endswith("_base") and b.base_run else "off"
+        if b.kind_in(mode) == "base" and b.kind == "handwritten":  # this package's task on the base model
+            assert cfg["generation_kwargs"] == base_generation_kwargs() and "class" not in cfg, name
+            continue
         if b.kind_in(mode) not in ("chat", "handwritten"):
             assert "generation_kwargs" not in cfg and "class" not in cfg, name  # upstream's own scoring
             continue
@@ -138,7 +141,8 @@ def test_no_upstream_config_is_copied(lm_eval_path: Path) -> None:
     yamls = sorted(p.relative_to(PACKAGE_TASKS).as_posix() for p in PACKAGE_TASKS.rglob("*.yaml"))
     assert yamls == ["alpacaeval2/apertus_alpacaeval2.yaml", "bfcl_v3/bfcl_v3.yaml",
                      "charter_alignment/apertus_charter_alignment.yaml", "ifbench/apertus_ifbench.yaml",
-                     "or_bench/apertus_or_bench_hard.yaml", "switzerland_qa/switzerland_qa.yaml"]
+                     "or_bench/apertus_or_bench_hard.yaml", "squad_v2/apertus_squad_v2.yaml",
+                     "switzerland_qa/switzerland_qa.yaml"]
     for path in PACKAGE_TASKS.rglob("*.yaml"):
         assert "generation_kwargs" not in _yaml(path), path  # the protocol's settings are stated in one place
     bfcl = sorted(lm_eval_path.glob("apertus_bfcl_v3_*.yaml"))
@@ -338,7 +342,7 @@ def test_alpacaeval2_win_rates_follow_the_judges_preferences() -> None:
 E2E_TASKS = ["apertus_arc_challenge_chat", "apertus_gsm8k_cot_llama", "apertus_minerva_math500",
              "apertus_minerva_math500_think", "apertus_ifeval", "apertus_ifbench", "apertus_switzerland_qa", "apertus_or_bench_hard",
              "apertus_bfcl_v3_simple", "apertus_bfcl_v3_parallel", "apertus_bfcl_v3_irrelevance",
-             "apertus_charter_alignment", "apertus_global_mmlu", "apertus_alpacaeval2"]
+             "apertus_charter_alignment", "apertus_global_mmlu", "apertus_alpacaeval2", "apertus_squad_v2"]
 METRICS = {
     "apertus_arc_challenge_chat": "exact_match,remove_whitespace", "apertus_gsm8k_cot_llama": "exact_match,strict-match",
     "apertus_minerva_math500": "math_verify,none", "apertus_minerva_math500_think": "math_verify,none",
@@ -347,6 +351,7 @@ METRICS = {
     "apertus_or_bench_hard": "refusal_rate,none", "apertus_bfcl_v3_simple": "acc,none",
     "apertus_bfcl_v3_parallel": "acc,none", "apertus_bfcl_v3_irrelevance": "acc,none",
     "apertus_charter_alignment": "lc_win_rate,none", "apertus_alpacaeval2": "lc_win_rate,none",
+    "apertus_squad_v2": "f1,none",
 }
 
 
@@ -446,6 +451,15 @@ def test_lm_eval_runs_the_tasks_end_to_end(vllm_server: VLLMServer, judge_top_lo
     assert got["win_rate,none"] == pytest.approx(utils.win_rate(preferences))
     assert got["win_rate,none"] == pytest.approx(sum(preferences) / len(preferences))
     assert got["lc_win_rate,none"] == pytest.approx(utils.lc_win_rate(items)) and got["lc_full_glm,none"] == 0.0
+    # SQuAD v2: both questions (answerable and not) asked through the chat template, each reply scored again
+    from eval_tasks.lm_eval.squad_v2.utils import score as squad_score
+
+    squad = samples["samples_apertus_squad_v2"]
+    assert sorted(row["doc"]["id"] for row in squad) == ["sq1", "sq2"]
+    for row in squad:
+        assert _chat(row["arguments"]["gen_args_0"]["arg_0"])[0]["content"].endswith("\n\nAnswer:")
+        assert row["f1"] == squad_score(row["doc"], row["resps"][0][0])["f1"], row
+    assert results["apertus_squad_v2"]["f1,none"] == pytest.approx(sum(row["f1"] for row in squad) / 2)
 
 
 def test_bfcl_tools_reach_the_developer_block(vllm_server: VLLMServer) -> None:

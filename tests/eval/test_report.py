@@ -42,7 +42,7 @@ def test_the_catalogue_lists_every_benchmark_of_the_reports_tables() -> None:
                    for row in b.rows for ref in row.reference.values()), b.id
     c = counts()
     assert c["report benchmarks"] == c["with an Apertus task"] + c["absent"] == len(items) - 1  # NIAH: a part of RULER
-    assert c == {"report benchmarks": 121, "with an Apertus task": 93, "absent": 28}
+    assert c == {"report benchmarks": 121, "with an Apertus task": 94, "absent": 27}
     # the numbers of the released 8B, cited by table, row and column (each checked against the report)
     refs = {b.id: {m: r.value for m, r in b.rows[0].reference.items()} for b in items}
     assert refs["math500"] == {"off": 50.2, "think": 71.4} and refs["aime24"] == {"off": 13.3, "think": 22.9}
@@ -310,16 +310,23 @@ def test_report_runs_the_smoke_suite_resumes_after_a_kill_and_writes_tables_and_
 def test_the_base_suite_runs_a_post_trained_benchmark_without_the_chat_template(
         vllm_server: VLLMServer, tiny_model_dir: Path, data_env: Path, tmp_path: Path) -> None:
     """`--suite base` runs TruthfulQA's base-model variant (Table 15's row): upstream's prompt through
-    the completions API, no chat template, compared with the base model's number."""
+    the completions API, no chat template, compared with the base model's number; and SQuAD v2's, this
+    package's task generating its answer line the same way."""
     out = tmp_path / "base"
-    done = subprocess.run(_report(vllm_server, out, "--suite", "base", "--benchmarks", "truthfulqa_mc2", "--limit", "2",
-                                  "--tokenizer", str(tiny_model_dir), "--no-progress"),
+    done = subprocess.run(_report(vllm_server, out, "--suite", "base", "--benchmarks", "truthfulqa_mc2,squad_v2",
+                                  "--limit", "2", "--tokenizer", str(tiny_model_dir), "--no-progress"),
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    (row,) = json.loads((out / "report.json").read_text(encoding="utf-8"))["rows"]
+    rows = {r["task"]: r for r in json.loads((out / "report.json").read_text(encoding="utf-8"))["rows"]}
+    squad = rows.pop("apertus_squad_v2_base")
+    assert squad["status"] == "ok" and 0.0 <= squad["ours"] <= 100.0 and squad["reference"]["value"] == 17.6, squad
+    squad_sample = json.loads((out / "runs" / squad["task"] / "samples.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    squad_context = json.dumps(squad_sample.get("arguments"))
+    assert "Answer:" in squad_context and "<|" not in squad_context, squad_context[:500]  # no chat markers
+    (row,) = rows.values()
     assert row["task"] == "apertus_truthfulqa_mc2_base" and row["status"] == "ok" and row["ours"] is not None, row
     assert row["reference"]["value"] == 49.0 and row["cited"] == "Table 15, TruthfulQA, Apertus 1.5 8B: Accuracy; 0 shots; base model"
     sample = json.loads((out / "runs" / row["task"] / "samples.jsonl").read_text(encoding="utf-8").splitlines()[0])
     context = json.dumps(sample.get("arguments"))
     assert "Q:" in context and "<|" not in context, context[:500]  # upstream's prompt, no chat markers
-    assert "Base model (Tables 13-22): 1 compared" in done.stderr  # the terminal summary
+    assert "Base model (Tables 13-22): 2 compared" in done.stderr  # the terminal summary
