@@ -39,7 +39,6 @@ The judge is checked when the task loads, so an unreachable judge fails before a
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 from collections.abc import Sequence
 from functools import cache
@@ -47,9 +46,9 @@ from typing import Any
 
 from apertus_plugins.posttrain.evaluation import strip_thinking
 from apertus_plugins.posttrain.judges import PROMPT_SECTION, JudgeError, OpenAIJudge
-from eval_tasks.catalogue import JUDGE_KEY_ENV, JUDGE_MODEL_ENV, JUDGE_TOP_ENV, JUDGE_URL_ENV
+from eval_tasks.catalogue import JUDGE_URL_ENV
 from eval_tasks.data import DataPathError, load_split, local_path, setting_name
-from eval_tasks.lm_eval.common import with_degeneration
+from eval_tasks.lm_eval.common import JudgeSettingError, named_judge, with_degeneration
 
 TASK = "apertus_alpacaeval2"
 #: AlpacaEval's hub dataset and the file of its GPT-4 reference outputs (AlpacaEval 2's baseline)
@@ -69,28 +68,11 @@ PAIRWISE_TEMPLATE = "\n\n".join([
 _log = logging.getLogger(__name__)
 
 
-class JudgeSettingError(RuntimeError):
-    """The judge of the task is not configured or does not answer; the message names the setting."""
-
-
 @cache
 def judge() -> OpenAIJudge:
     """The task's judge, built from the environment and checked once."""
-    url = os.environ.get(JUDGE_URL_ENV, "").strip()
-    if not url:
-        raise JudgeSettingError(f"task {TASK}: no judge; set {JUDGE_URL_ENV} to an OpenAI-compatible /v1 URL")
-    model = os.environ.get(JUDGE_MODEL_ENV, "").strip()
-    if not model:
-        raise JudgeSettingError(f"task {TASK}: no judge model; set {JUDGE_MODEL_ENV} to the judge's served model name")
-    try:
-        j = OpenAIJudge(base_url=url, model=model, api_key=os.environ.get(JUDGE_KEY_ENV, "").strip() or None,
-                        pairwise_template=PAIRWISE_TEMPLATE, feedback_template="{prompt}", rating_template="{prompt}",
-                        aspect=ASPECT, top_logprobs=int(os.environ.get(JUDGE_TOP_ENV, "20")))
-        j.check()
-    except (JudgeError, ValueError) as exc:
-        raise JudgeSettingError(f"task {TASK}: the judge given by {JUDGE_URL_ENV}={url} ({JUDGE_MODEL_ENV}={model}) "
-                                f"cannot be used: {exc}") from exc
-    return j
+    return named_judge(TASK, pairwise_template=PAIRWISE_TEMPLATE, feedback_template="{prompt}",
+                       rating_template="{prompt}", aspect=ASPECT)
 
 
 def _reference_outputs() -> Any:

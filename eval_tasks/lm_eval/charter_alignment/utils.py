@@ -17,6 +17,7 @@ Settings (environment):
 
 - ``APERTUS_EVAL_JUDGE_URL``: the judge's ``/v1`` URL (required);
 - ``APERTUS_EVAL_JUDGE_MODEL``: the judge's served model name (required);
+- ``APERTUS_EVAL_JUDGE_API_KEY``: its API key, where it needs one;
 - ``APERTUS_EVAL_CHARTER``: the charter, a ``.txt``/``.md`` file (required: a preference under any
   other text is meaningless);
 - ``APERTUS_EVAL_JUDGE_TOP_LOGPROBS``: alternatives read for the verdict token (default 20);
@@ -35,41 +36,24 @@ from typing import Any
 
 from apertus_plugins.posttrain.evaluation import length_controlled_win_rate, strip_thinking
 from apertus_plugins.posttrain.judges import JudgeError, OpenAIJudge
-from eval_tasks.catalogue import CHARTER_ENV, JUDGE_MODEL_ENV, JUDGE_TOP_ENV, JUDGE_URL_ENV
+from eval_tasks.catalogue import CHARTER_ENV, JUDGE_URL_ENV
 from eval_tasks.data import DataPathError, load_splits
-from eval_tasks.lm_eval.common import with_degeneration
+from eval_tasks.lm_eval.common import JudgeSettingError, named_judge, with_degeneration
 
 TASK = "apertus_charter_alignment"
 ASPECT = "alignment with the charter"
-URL, MODEL, CHARTER, TOP = JUDGE_URL_ENV, JUDGE_MODEL_ENV, CHARTER_ENV, JUDGE_TOP_ENV
-
-
-class JudgeSettingError(RuntimeError):
-    """The judge of the task is not configured or does not answer; the message names the setting."""
+URL, CHARTER = JUDGE_URL_ENV, CHARTER_ENV
 
 
 @cache
 def judge() -> OpenAIJudge:
-    """The task's judge, built from the environment and checked once."""
-    url = os.environ.get(URL, "").strip()
-    if not url:
-        raise JudgeSettingError(f"task {TASK}: no judge; set {URL} to an OpenAI-compatible /v1 URL")
+    """The task's judge, built from the environment (the charter it reads first) and checked once."""
     charter = os.environ.get(CHARTER, "").strip()
     if not charter:
         raise JudgeSettingError(f"task {TASK}: no charter; set {CHARTER} to the charter's .txt or .md file")
     if not os.path.isfile(charter):
         raise JudgeSettingError(f"task {TASK}: the charter file {charter} given by {CHARTER} does not exist")
-    model = os.environ.get(MODEL, "").strip()
-    if not model:
-        raise JudgeSettingError(f"task {TASK}: no judge model; set {MODEL} to the judge's served model name")
-    try:
-        j = OpenAIJudge(base_url=url, model=model, charter="@" + charter, aspect=ASPECT,
-                        top_logprobs=int(os.environ.get(TOP, "20")))
-        j.check()
-    except JudgeError as exc:
-        raise JudgeSettingError(f"task {TASK}: the judge given by {URL}={url} ({MODEL}={model}) cannot be used: "
-                                f"{exc}") from exc
-    return j
+    return named_judge(TASK, charter="@" + charter, aspect=ASPECT)
 
 
 def load(**kwargs: Any):
