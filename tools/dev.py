@@ -6,7 +6,7 @@
     python3 tools/dev.py test core reference    # only some suites
     python3 tools/dev.py test core -- -k vocab  # arguments after `--` go to pytest (`-k NAME`, -x)
     python3 tools/dev.py test vllm -- tests/vllm/test_parsers.py  # a file or node id: that alone
-    python3 tools/dev.py test -j 1              # one suite at a time (default: 2 on 2+ cores and 16+ GiB)
+    python3 tools/dev.py test -j 1              # one suite at a time (default: 2, one per 2 cores on more)
     python3 tools/dev.py env SUITE              # build one environment and print its path
     python3 tools/dev.py run SUITE CMD...       # run a command in a suite's environment
 
@@ -15,8 +15,9 @@ beside the suites' environments) and runs the sessions of ``noxfile.py``, one pe
 summary is read from the JUnit XML reports pytest writes (``build/test-reports/<suite>.xml``).
 While the first suites run, the environments of the later ones are built in the background at the lowest
 CPU and I/O priority (``tools/envs.py prebuild``, its log in ``build/test-reports/prebuild.log``;
-``APERTUS_PREBUILD=0`` turns it off). Suites run side by side, the longest first and within a memory
-budget, each one's output in ``build/test-reports/<suite>.log`` (``tools/lanes.py``). How the suites' environments are built and cached: ``tools/envs.py``.
+``APERTUS_PREBUILD=0`` turns it off). Suites run side by side (two, or one per 2 cores on a larger machine;
+``-j N``), the longest first and within a memory budget, each one's output in
+``build/test-reports/<suite>.log`` (``tools/lanes.py``). How the suites' environments are built and cached: ``tools/envs.py``.
 """
 
 from __future__ import annotations

@@ -212,3 +212,14 @@ def test_the_job_count_is_checked_where_it_is_given(monkeypatch: pytest.MonkeyPa
         dev.lanes.default_jobs()
     monkeypatch.setenv("APERTUS_TEST_JOBS", "1")
     assert dev.lanes.default_jobs() == 1
+
+
+def test_two_suites_or_one_per_two_cores_run_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    lanes = _module("lanes")
+    monkeypatch.delenv("APERTUS_TEST_JOBS", raising=False)
+    monkeypatch.setattr(lanes, "memory_gib", lambda: 24.0)
+    for cores, jobs in ((1, 1), (2, 2), (4, 2), (7, 3), (16, 4)):
+        monkeypatch.setattr(lanes.os, "cpu_count", lambda c=cores: c)
+        assert lanes.default_jobs() == jobs, cores
+    monkeypatch.setattr(lanes, "memory_gib", lambda: 8.0)
+    assert lanes.default_jobs() == 1
