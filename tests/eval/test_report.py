@@ -92,6 +92,31 @@ def test_a_benchmark_without_a_task_names_the_harnesses_checked_and_they_lack_it
     assert items["mathvista"].need("judge") is not None and items["mathvista"].report_judge
 
 
+#: Rows that also name lighteval as checked, beyond those above: the benchmark and its task-name pattern
+LIGHTEVAL_LACKS = {"include45": "include_?45", "mlogiqa": "mlogiqa", "blend": "blend", "culturalbench": "cultural_?bench"}
+
+
+def test_the_rows_that_name_lighteval_are_right_that_it_lacks_them() -> None:
+    """lighteval (installed for IFBench's checkers) is named as checked in a missing benchmark's row only
+    where none of its task configurations (every ``name=`` of its task modules) is that benchmark."""
+    import re
+    from importlib.metadata import version
+    from importlib.util import find_spec
+
+    tasks_dir = Path(find_spec("lighteval.tasks").submodule_search_locations[0])
+    names = {m.group(1) for f in tasks_dir.rglob("*.py")
+             for m in re.finditer(r"""\bname\s*=\s*(?:f?["'])([^"'{]+)""", f.read_text(encoding="utf-8"))}
+    assert {"ifbench_test", "squad_v2"} <= names, "lighteval's task names were not read"
+    checked = f"lighteval {version('lighteval')}"
+    items = by_id()
+    rows = {**{b: p for b, p in NOT_IN_THE_HARNESSES.items() if "lighteval" in items[b].absent}, **LIGHTEVAL_LACKS}
+    assert len(rows) >= 15
+    for bid, pattern in rows.items():
+        assert checked in items[bid].absent, (bid, items[bid].absent)
+        found = sorted(n for n in names if re.search(pattern, n, re.IGNORECASE))
+        assert not found, f"{bid}: lighteval has {found}: wire it or say why not"
+
+
 def test_the_documentation_lists_the_catalogue() -> None:
     """docs/evaluation.md holds the table `apertus eval benchmarks --markdown` prints (one source)."""
     text = DOCS.read_text(encoding="utf-8")
