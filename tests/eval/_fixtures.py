@@ -105,6 +105,22 @@ SQUAD_V2 = [
     {"id": "sq2", "title": "Switzerland", "context": "Bern is the federal city of Switzerland. Zurich is its largest city.",
      "question": "What is the population of Bern?", "answers": {"text": [], "answer_start": []}},
 ]
+#: WMT24++ items per language pair (hub configuration): the news items are kept, the others (another
+#: domain, a source marked bad) are left out
+WMT24PP = {
+    "en-de_DE": [
+        {"lp": "en-de_DE", "domain": "news", "document_id": "n1", "segment_id": 1, "is_bad_source": False,
+         "source": "The train to Bern leaves at noon.", "target": "Der Zug nach Bern fährt um Mittag ab."},
+        {"lp": "en-de_DE", "domain": "social", "document_id": "s1", "segment_id": 2, "is_bad_source": False,
+         "source": "lol same", "target": "lol gleich"},
+        {"lp": "en-de_DE", "domain": "news", "document_id": "n1", "segment_id": 3, "is_bad_source": True,
+         "source": "#### ####", "target": "#### ####"},
+    ],
+    "en-fr_FR": [{"lp": "en-fr_FR", "domain": "news", "document_id": "n2", "segment_id": 1, "is_bad_source": False,
+                  "source": "The lake is cold.", "target": "Le lac est froid."}],
+    "en-it_IT": [{"lp": "en-it_IT", "domain": "news", "document_id": "n3", "segment_id": 1, "is_bad_source": False,
+                  "source": "The mountains are high.", "target": "Le montagne sono alte."}],
+}
 #: the prompts with a baseline answer each (the charter alignment's length-controlled win rate
 #: compares the model's answer with it)
 CHARTER_PROMPTS = [
@@ -144,6 +160,8 @@ def write_text_fixtures(root: Path) -> Path:
     _jsonl(root / "ifeval" / "train.jsonl", IFEVAL)
     _jsonl(root / "ifbench" / "train.jsonl", IFBENCH)
     _jsonl(root / "squad_v2" / "validation.jsonl", SQUAD_V2)
+    for pair, rows in WMT24PP.items():
+        _jsonl(root / "wmt24pp" / pair / "train.jsonl", rows)
     _jsonl(root / "truthful_qa" / "multiple_choice" / "validation.jsonl", TRUTHFULQA)
     _jsonl(root / "or_bench" / "or-bench-hard-1k" / "train.jsonl", OR_BENCH)
     for lang, row in SWISS_QA.items():

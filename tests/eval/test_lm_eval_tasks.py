@@ -142,7 +142,7 @@ def test_no_upstream_config_is_copied(lm_eval_path: Path) -> None:
     assert yamls == ["alpacaeval2/apertus_alpacaeval2.yaml", "bfcl_v3/bfcl_v3.yaml",
                      "charter_alignment/apertus_charter_alignment.yaml", "ifbench/apertus_ifbench.yaml",
                      "or_bench/apertus_or_bench_hard.yaml", "squad_v2/apertus_squad_v2.yaml",
-                     "switzerland_qa/switzerland_qa.yaml"]
+                     "switzerland_qa/switzerland_qa.yaml", "wmt24pp/apertus_wmt24pp.yaml"]
     for path in PACKAGE_TASKS.rglob("*.yaml"):
         assert "generation_kwargs" not in _yaml(path), path  # the protocol's settings are stated in one place
     bfcl = sorted(lm_eval_path.glob("apertus_bfcl_v3_*.yaml"))
@@ -342,7 +342,8 @@ def test_alpacaeval2_win_rates_follow_the_judges_preferences() -> None:
 E2E_TASKS = ["apertus_arc_challenge_chat", "apertus_gsm8k_cot_llama", "apertus_minerva_math500",
              "apertus_minerva_math500_think", "apertus_ifeval", "apertus_ifbench", "apertus_switzerland_qa", "apertus_or_bench_hard",
              "apertus_bfcl_v3_simple", "apertus_bfcl_v3_parallel", "apertus_bfcl_v3_irrelevance",
-             "apertus_charter_alignment", "apertus_global_mmlu", "apertus_alpacaeval2", "apertus_squad_v2"]
+             "apertus_charter_alignment", "apertus_global_mmlu", "apertus_alpacaeval2", "apertus_squad_v2",
+             "apertus_wmt24pp"]
 METRICS = {
     "apertus_arc_challenge_chat": "exact_match,remove_whitespace", "apertus_gsm8k_cot_llama": "exact_match,strict-match",
     "apertus_minerva_math500": "math_verify,none", "apertus_minerva_math500_think": "math_verify,none",
@@ -351,7 +352,7 @@ METRICS = {
     "apertus_or_bench_hard": "refusal_rate,none", "apertus_bfcl_v3_simple": "acc,none",
     "apertus_bfcl_v3_parallel": "acc,none", "apertus_bfcl_v3_irrelevance": "acc,none",
     "apertus_charter_alignment": "lc_win_rate,none", "apertus_alpacaeval2": "lc_win_rate,none",
-    "apertus_squad_v2": "f1,none",
+    "apertus_squad_v2": "f1,none", "apertus_wmt24pp": "chrf,none",
 }
 
 
@@ -384,7 +385,7 @@ def test_lm_eval_runs_the_tasks_end_to_end(vllm_server: VLLMServer, judge_top_lo
     for task, metric in METRICS.items():
         assert metric in results[task], (task, results[task])
         assert "degenerate,none" in results[task] or "degenerate," in " ".join(results[task]), (task, results[task])
-        assert 0.0 <= results[task][metric] <= 1.0
+        assert 0.0 <= results[task][metric] <= (100.0 if task == "apertus_wmt24pp" else 1.0)  # chrF: 0-100
     for lang in ("en", "de", "fr", "it", "rm"):
         assert f"apertus_switzerland_qa_{lang}" in results
     samples = {Path(f).name.split("_20")[0]: [json.loads(x) for x in Path(f).read_text().splitlines()]
@@ -460,6 +461,22 @@ def test_lm_eval_runs_the_tasks_end_to_end(vllm_server: VLLMServer, judge_top_lo
         assert _chat(row["arguments"]["gen_args_0"]["arg_0"])[0]["content"].endswith("\n\nAnswer:")
         assert row["f1"] == squad_score(row["doc"], row["resps"][0][0])["f1"], row
     assert results["apertus_squad_v2"]["f1,none"] == pytest.approx(sum(row["f1"] for row in squad) / 2)
+    # WMT24++: the three news items (one per pair) asked through the chat template, scored by sacrebleu's corpus chrF
+    import sacrebleu
+
+    wmt = samples["samples_apertus_wmt24pp"]
+    assert sorted(row["doc"]["lp"] for row in wmt) == ["en-de_DE", "en-fr_FR", "en-it_IT"]
+    per_pair = {}
+    for row in wmt:
+        prompt = _chat(row["arguments"]["gen_args_0"]["arg_0"])[0]["content"]
+        assert f"English: {row['doc']['source']}" in prompt and prompt.endswith(":") and "translation only" in prompt
+        lp, hyp, ref = row["chrf"]
+        assert (lp, ref) == (row["doc"]["lp"], row["doc"]["target"])
+        per_pair[lp] = sacrebleu.corpus_chrf([hyp], [[ref]]).score
+    got = results["apertus_wmt24pp"]
+    for lp, value in per_pair.items():
+        assert got[f"chrf_{lp.replace('-', '_')},none"] == pytest.approx(value)
+    assert got["chrf,none"] == pytest.approx(sum(per_pair.values()) / 3)
 
 
 def test_bfcl_tools_reach_the_developer_block(vllm_server: VLLMServer) -> None:

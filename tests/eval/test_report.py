@@ -42,7 +42,7 @@ def test_the_catalogue_lists_every_benchmark_of_the_reports_tables() -> None:
                    for row in b.rows for ref in row.reference.values()), b.id
     c = counts()
     assert c["report benchmarks"] == c["with an Apertus task"] + c["absent"] == len(items) - 1  # NIAH: a part of RULER
-    assert c == {"report benchmarks": 121, "with an Apertus task": 94, "absent": 27}
+    assert c == {"report benchmarks": 121, "with an Apertus task": 95, "absent": 26}
     # the numbers of the released 8B, cited by table, row and column (each checked against the report)
     refs = {b.id: {m: r.value for m, r in b.rows[0].reference.items()} for b in items}
     assert refs["math500"] == {"off": 50.2, "think": 71.4} and refs["aime24"] == {"off": 13.3, "think": 22.9}
@@ -61,7 +61,7 @@ NOT_IN_THE_HARNESSES = {
     "arena_hard_v01": "arena_?hard", "arena_hard_v2": "arena_?hard",
     "polyglotoxicity": "polyglo", "aya_redteaming": "aya_?red", "realguardrails_sifeval": "guardrail",
     "realguardrails_tensortrust": "tensor_?trust|guardrail", "realguardrails_srules": "s_?rules|guardrail",
-    "wmt24pp": "wmt_?24", "swissgov": "swiss_?gov", "helmet": "helmet", "frieda": "frieda", "geobench": "geobench",
+    "swissgov": "swiss_?gov", "helmet": "helmet", "frieda": "frieda", "geobench": "geobench",
     "vrsbench": "vrsbench", "pathvqa": "path_?vqa", "pmc_vqa": "pmc_?vqa", "mm_safety": "mm_?safety",
 }
 
@@ -69,7 +69,7 @@ NOT_IN_THE_HARNESSES = {
 def test_a_benchmark_without_a_task_names_the_harnesses_checked_and_they_lack_it() -> None:
     """Each missing benchmark's row names the installed harness versions it was checked against, and those
     registries indeed have no task for it (a harness upgrade that adds one fails here: wire it); the
-    benchmarks they have are wired (V*Bench, MathVista with the named judge), VQA-RAD by this package's task."""
+    benchmarks they have are wired (V*Bench, MathVista with the named judge), VQA-RAD and WMT24++ by this package's tasks."""
     import re
     from importlib.metadata import version
 
@@ -89,6 +89,8 @@ def test_a_benchmark_without_a_task_names_the_harnesses_checked_and_they_lack_it
     assert items["vstar"].upstream in registry and items["mathvista"].upstream in registry
     # VQA-RAD is this package's own lmms-eval task, because the installed lmms-eval still has none
     assert items["vqa_rad"].template and not [t for t in registry if re.search("vqa_?rad", t, re.IGNORECASE)]
+    # WMT24++ (news) likewise: this package's lm-eval task, because the installed harnesses have none
+    assert items["wmt24pp"].template and not [t for t in registry if re.search("wmt_?24", t, re.IGNORECASE)]
     assert items["mathvista"].need("judge") is not None and items["mathvista"].report_judge
 
 

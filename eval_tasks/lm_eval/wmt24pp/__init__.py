@@ -1,0 +1,1 @@
+"""Task folder (YAML + utils.py)."""
