@@ -28,7 +28,7 @@ __all__ = ["Line", "PARTS", "benchmark_table", "counts", "html", "markdown", "pa
 
 #: The parts of the report's tables, in order: (key, title, the catalogue's ``listed`` prefixes, mode).
 PARTS: list[tuple[str, str, tuple[str, ...], str]] = [
-    ("text", "Text, thinking off (Tables L.1-L.3, 23, 27, 29, 37)", ("L.1", "L.2", "Tables 23", "Tables 31"), "off"),
+    ("text", "Text, thinking off (Tables L.1-L.3, 23, 27, 29, 31, 37)", ("L.1", "L.2", "Tables 23", "Tables 31"), "off"),
     ("thinking", "Text, thinking on (Tables 25, 28)", ("L.1", "L.2", "Tables 23"), "think"),
     ("base", "Base model (Tables 13-22)", ("L.1", "L.2"), "base"),
     ("image", "Images, thinking off (Table 34, 8B)", ("Table 34",), "off"),

@@ -120,7 +120,7 @@ def _lines() -> list[Line]:
 def test_the_terminal_summary_reads_at_a_glance() -> None:
     text = terminal(_lines(), color=False)
     rows = {ln.split("  ")[1].strip(): ln for ln in text.splitlines() if ln.startswith("  ")}
-    assert "Text, thinking off (Tables L.1-L.3, 23, 27, 29, 37): 3 compared, 1 within 2 points" in text
+    assert "Text, thinking off (Tables L.1-L.3, 23, 27, 29, 31, 37): 3 compared, 1 within 2 points" in text
     assert re.search(r"HumanEval \(instruct\) +69\.5 +68\.8 +\+0\.7 +\|> +Pass@1; 0 shots; thinking off", text)
     assert "|>>>>>>>>>" in rows["BFCL v3"] and "categories: single-turn" in rows["BFCL v3"]  # +8.8: nine cells
     assert "<<<<|" in rows["IFEval"] and "-4.0" in rows["IFEval"]
