@@ -71,13 +71,15 @@ def hf_checkpoint(workdir: Path, step: int) -> Path:
     return path
 
 
-def check_saved_checkpoint(trained: Path, released: Path, out: Path) -> None:
+def check_saved_checkpoint(trained: Path, released: Path, out: Path, *, serve: bool) -> None:
     """The stage's saved checkpoint, end to end:
 
     * it loads back as :class:`Apertus1p5ForCausalLM` (text tensors only), its weights moved by training;
-    * ``apertus merge-text-weights`` puts them into the released checkpoint (encoders, configs, tokenizer kept);
-    * vLLM with the plugin serves the merged checkpoint, and its greedy continuation of a prompt is the
-      trained model's.
+    * ``apertus merge-text-weights`` puts them into the released checkpoint (encoders, configs, tokenizer kept):
+      every text tensor of the merged checkpoint is the trained one, every other the released one;
+    * the merged checkpoint's greedy continuation of a prompt is the trained model's: vLLM with the plugin
+      serving it (``serve``), else transformers loading it. Every stage's verl checkpoint has the same layout
+      and goes through the same merge, so one stage (RLVR, the preset most runs use) pays for a vLLM start.
     """
     import torch
     import verl  # noqa: F401  (the plugin registers the Apertus classes with transformers)
@@ -90,9 +92,11 @@ def check_saved_checkpoint(trained: Path, released: Path, out: Path) -> None:
     # the merge first, then vLLM's start on the merged checkpoint, overlapping the checks in this process
     subprocess.run([sys.executable, "-m", "apertus_plugins.cli", "merge-text-weights", str(trained), str(released),
                     str(out)], check=True, capture_output=True, text=True, timeout=300)
-    args = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", "trained", "--max-num-seqs", "4"]
-    server = VLLMServer(out, args=args, python=sys.executable, log_path=out.parent / "serve-merged.log",
-                        startup_timeout=900).launch()
+    server = None
+    if serve:
+        args = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", "trained", "--max-num-seqs", "4"]
+        server = VLLMServer(out, args=args, python=sys.executable, log_path=out.parent / "serve-merged.log",
+                            startup_timeout=900).launch()
     try:
         model = AutoModelForCausalLM.from_pretrained(trained, dtype=torch.float32, attn_implementation="sdpa").eval()
         assert isinstance(model, Apertus1p5ForCausalLM)
@@ -106,6 +110,9 @@ def check_saved_checkpoint(trained: Path, released: Path, out: Path) -> None:
         state = model.state_dict()
         for name in moved:
             assert torch.equal(merged[name].float(), state[name]), name
+        for name, tensor in state.items():  # the text tensors that did not move are the trained ones too
+            if name in merged:
+                assert torch.equal(merged[name].float(), tensor), name
         original = {}
         for file in set(tensor_files(released).values()):
             original.update(load_file(str(file)))
@@ -118,12 +125,21 @@ def check_saved_checkpoint(trained: Path, released: Path, out: Path) -> None:
             for _ in range(6):  # greedy, end of text or not (the server ignores EOS too)
                 ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
         want = ids[len(prompt):]
+        if server is None:
+            loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="sdpa").eval()
+            got = list(prompt)
+            with torch.no_grad():
+                for _ in range(6):
+                    got.append(int(loaded(input_ids=torch.tensor([got])).logits[0, -1].argmax()))
+            assert got[len(prompt):] == want, (got[len(prompt):], want)
+            return
         server.wait_ready()
         status, body = http_json(server.url("/v1/completions"), {
             "model": "trained", "prompt": prompt, "max_tokens": 6, "temperature": 0.0, "ignore_eos": True,
             "return_token_ids": True})
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
     assert status == 200, body
     got = body["choices"][0]["token_ids"]
     assert got == want, (got, want)

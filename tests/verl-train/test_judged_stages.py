@@ -141,7 +141,7 @@ def test_online_dpo_ratings_pairs_reference_update_and_sync(online_dpo_run):
 @pytest.mark.parametrize("stage", ["sdpo", "online_dpo"])
 def test_saved_checkpoint_loads_merges_and_serves(stage, request, tiny_checkpoint, tmp_path):
     run = request.getfixturevalue(f"{stage}_run")
-    check_saved_checkpoint(hf_checkpoint(run.workdir, 2), tiny_checkpoint, tmp_path / "merged")
+    check_saved_checkpoint(hf_checkpoint(run.workdir, 2), tiny_checkpoint, tmp_path / "merged", serve=False)
 
 
 # ------------------------------------------------------------------------------------------ pool -> pairs -> DPO

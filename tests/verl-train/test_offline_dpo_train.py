@@ -95,4 +95,4 @@ def test_resume_continues_data_order_schedule_and_weights(straight, tiny_checkpo
 
 def test_saved_checkpoint_loads_merges_and_serves(straight, tiny_checkpoint, tmp_path):
     run, _ = straight
-    check_saved_checkpoint(hf_checkpoint(run.workdir, STEPS), tiny_checkpoint, tmp_path / "merged")
+    check_saved_checkpoint(hf_checkpoint(run.workdir, STEPS), tiny_checkpoint, tmp_path / "merged", serve=False)

@@ -248,4 +248,4 @@ def test_truncation_counted_each_step(rlvr_run):
 
 
 def test_saved_checkpoint_loads_merges_and_serves(rlvr_run, tiny_checkpoint, tmp_path):
-    check_saved_checkpoint(hf_checkpoint(rlvr_run.workdir, 2), tiny_checkpoint, tmp_path / "merged")
+    check_saved_checkpoint(hf_checkpoint(rlvr_run.workdir, 2), tiny_checkpoint, tmp_path / "merged", serve=True)
