@@ -32,7 +32,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from typing import Any
 
@@ -181,16 +180,22 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     parent, temp, cmd = int(argv[0]), argv[1], argv[argv.index("--") + 1 :]
-    stop = threading.Event()
+    # A flag, not a threading.Event: the signal handlers run in the main thread, and an Event.set() there can
+    # land while that thread holds the Event's own lock inside Event.wait() (a deadlock: the head outlived
+    # its driver). Setting a list item takes no lock, from a handler or the lifeline's thread alike.
+    stop = [False]
+
+    def request_stop(*_args: object) -> None:
+        stop[0] = True
+
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_a: stop.set())
-    exit_with_parent(parent, signal.SIGTERM, on_death=stop.set)
+        signal.signal(sig, request_stop)
+    exit_with_parent(parent, signal.SIGTERM, on_death=request_stop)
     child: Any = None
-    if not stop.is_set():
+    if not stop[0]:
         child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
-    while not stop.wait(0.5):
-        if child.poll() is not None:
-            break
+    while not stop[0] and child.poll() is None:
+        time.sleep(0.2)
     _reap()
     if child is not None:
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
