@@ -74,11 +74,12 @@ def junit_counts(report: Path) -> tuple[int, int, int, int, float] | None:
     return tests - failed - errors - skipped, failed, errors, skipped, seconds
 
 
-def start_prebuild(suites: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | None:
-    """Build the environments of ``suites`` after the first one's in a background process (``envs.py prebuild``),
-    at the lowest CPU and I/O priority, its output in ``prebuild.log`` beside the reports; None when there is
-    nothing to build ahead or ``APERTUS_PREBUILD=0``."""
-    ahead = build_order(suites)[1:]
+def start_prebuild(suites: list[str], env: dict[str, str], jobs: int = 1) -> subprocess.Popen[bytes] | None:
+    """Build the environments of ``suites`` (in the order they start) but those of the first ``jobs`` (their
+    sessions build them at once) in a background process (``envs.py prebuild``), at the lowest CPU and I/O
+    priority, its output in ``prebuild.log`` beside the reports; None when there is nothing to build ahead or
+    ``APERTUS_PREBUILD=0``."""
+    ahead = [name for name in build_order(suites) if name not in suites[:jobs]]
     if not ahead or os.environ.get("APERTUS_PREBUILD", "1") == "0":
         return None
     REPORTS.mkdir(parents=True, exist_ok=True)
@@ -145,7 +146,8 @@ def cmd_test(args: list[str]) -> int:
     started = time.monotonic()
     # the sessions and the background build must compute the same environment keys: the same base interpreter
     env = dict(os.environ, APERTUS_BASE_PYTHON=sys.executable)
-    prebuild = start_prebuild(suites, env)
+    # the environments are built ahead in the order the suites start: the lanes' (the longest first)
+    prebuild = start_prebuild(suites if jobs == 1 else lanes.start_order(suites), env, jobs)
     finished: dict[str, lanes.Finished] = {}
     try:
         if jobs == 1:

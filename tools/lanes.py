@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["LONGEST_FIRST", "PEAK_GIB", "Finished", "default_jobs", "run_parallel", "tree_memory"]
+__all__ = ["LONGEST_FIRST", "PEAK_GIB", "Finished", "default_jobs", "run_parallel", "start_order", "tree_memory"]
 
 #: The suites, the longest first (minutes of pytest on the shared 2-core machine, one at a time:
 #: verl-train 11.5, vllm 8.4, megatron-train 5.8, megatron 5.1, eval 3.0, verl 2.1, reference 2.0,
@@ -143,7 +143,8 @@ class _Running:
     out: object = field(default=None, repr=False)
 
 
-def _order(suites: Sequence[str]) -> list[str]:
+def start_order(suites: Sequence[str]) -> list[str]:
+    """The order in which :func:`run_parallel` starts ``suites`` (the longest first; memory may hold one back)."""
     rank = {s: i for i, s in enumerate(LONGEST_FIRST)}
     return sorted(suites, key=lambda s: rank.get(s, len(rank)))
 
@@ -157,7 +158,7 @@ def run_parallel(suites: Sequence[str], command: Callable[[str], list[str]], *, 
     A suite whose planned peak alone is over the budget still runs, alone.
     """
     budget = MEMORY_SHARE * memory_gib() if budget_gib is None else budget_gib
-    waiting = _order(suites)
+    waiting = start_order(suites)
     running: list[_Running] = []
     done: list[Finished] = []
     logs.mkdir(parents=True, exist_ok=True)

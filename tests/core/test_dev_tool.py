@@ -108,6 +108,28 @@ def test_no_background_build_when_turned_off_or_with_nothing_ahead(monkeypatch: 
     assert dev.start_prebuild(["docs"], dict(os.environ)) is None  # one suite that needs no other: nothing ahead
 
 
+def test_the_background_build_follows_the_lanes_and_leaves_the_first_ones_to_their_sessions(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dev = _module("dev")
+    started: list[list[str]] = []
+
+    class Started:
+        def __init__(self, cmd: list[str], **_kw: object) -> None:
+            started.append(cmd)
+            self.pid = 0
+
+    monkeypatch.setattr(dev.subprocess, "Popen", Started)
+    monkeypatch.setattr(dev, "REPORTS", tmp_path)
+    order = dev.lanes.start_order(["docs", "core", "verl-train", "megatron-train", "vllm"])
+    assert order == ["verl-train", "vllm", "megatron-train", "core", "docs"]
+    dev.start_prebuild(order, dict(os.environ), 2)
+    (cmd,) = started
+    # verl-train's and vllm's sessions start at once and build their own; what vllm needs is built beside them
+    assert cmd[cmd.index("prebuild") + 1:] == ["reference", "megatron-train", "core", "docs"]
+    dev.start_prebuild(["docs", "core", "vllm"], dict(os.environ))  # one at a time: all but the first one's
+    assert started[1][started[1].index("prebuild") + 1:] == ["core", "vllm", "reference"]
+
+
 def test_an_environment_another_process_is_building_is_waited_for_and_said_so(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import fcntl
