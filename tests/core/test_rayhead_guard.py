@@ -54,9 +54,10 @@ def _wait_gone(sid: int, seconds: float) -> list[int]:
     return _session(sid)
 
 
-def _wait_for_command(sid: int, guard: int) -> None:
+def _wait_for_command(guard: int) -> None:
+    """Until the guard (the leader of its own session) has started its command in that session."""
     deadline = time.monotonic() + 60
-    while len([p for p in _session(sid) if p != guard]) < 1:
+    while not [p for p in _session(guard) if p != guard]:
         assert time.monotonic() < deadline, "the guard never started its command"
         time.sleep(0.05)
 
@@ -68,7 +69,7 @@ def test_a_stop_signal_ends_the_command_and_the_guard_and_removes_the_folder(tmp
     guard = subprocess.Popen([*GUARD, str(os.getpid()), str(temp), "--", *SLEEPER], env=_env(),
                              start_new_session=True)
     try:
-        _wait_for_command(guard.pid, guard.pid)
+        _wait_for_command(guard.pid)
         time.sleep(delay)  # the signal lands somewhere in the guard's polling loop
         guard.send_signal(signal.SIGTERM)
         assert guard.wait(timeout=30) == 0
@@ -91,7 +92,7 @@ def test_the_guard_ends_its_session_when_its_parent_is_killed(tmp_path: Path, at
     parent = subprocess.Popen([sys.executable, "-c", parent_code], env=_env(), stdout=subprocess.PIPE, text=True)
     guard = int(parent.stdout.readline())
     try:
-        _wait_for_command(guard, guard)
+        _wait_for_command(guard)
         time.sleep(0.2 * attempt)
         parent.kill()  # the driver alone, by a signal nothing can catch
         parent.wait(timeout=30)

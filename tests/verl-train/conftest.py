@@ -71,6 +71,17 @@ def hf_checkpoint(workdir: Path, step: int) -> Path:
     return path
 
 
+def _greedy(model, prompt: list[int], steps: int) -> list[int]:
+    """``steps`` greedy tokens after ``prompt``, end of text or not (the server is asked to ignore EOS too)."""
+    import torch
+
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(steps):
+            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
 def check_saved_checkpoint(trained: Path, released: Path, out: Path, *, serve: bool) -> None:
     """The stage's saved checkpoint, end to end:
 
@@ -107,12 +118,8 @@ def check_saved_checkpoint(trained: Path, released: Path, out: Path, *, serve: b
         merged = {}
         for file in set(tensor_files(out).values()):
             merged.update(load_file(str(file)))
-        state = model.state_dict()
-        for name in moved:
-            assert torch.equal(merged[name].float(), state[name]), name
-        for name, tensor in state.items():  # the text tensors that did not move are the trained ones too
-            if name in merged:
-                assert torch.equal(merged[name].float(), tensor), name
+        for name, tensor in model.state_dict().items():  # every text tensor, the moved ones among them
+            assert name in merged and torch.equal(merged[name].float(), tensor), name
         original = {}
         for file in set(tensor_files(released).values()):
             original.update(load_file(str(file)))
@@ -120,18 +127,11 @@ def check_saved_checkpoint(trained: Path, released: Path, out: Path, *, serve: b
         assert encoders and all(torch.equal(merged[n], original[n]) for n in encoders)
 
         prompt = [1, 40, 41, 42, 43, 44]
-        ids = list(prompt)
-        with torch.no_grad():
-            for _ in range(6):  # greedy, end of text or not (the server ignores EOS too)
-                ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
-        want = ids[len(prompt):]
+        want = _greedy(model, prompt, 6)
         if server is None:
             loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="sdpa").eval()
-            got = list(prompt)
-            with torch.no_grad():
-                for _ in range(6):
-                    got.append(int(loaded(input_ids=torch.tensor([got])).logits[0, -1].argmax()))
-            assert got[len(prompt):] == want, (got[len(prompt):], want)
+            got = _greedy(loaded, prompt, 6)
+            assert got == want, (got, want)
             return
         server.wait_ready()
         status, body = http_json(server.url("/v1/completions"), {
