@@ -5,7 +5,9 @@ kept outside the clone, in ``$APERTUS_VENV_CACHE`` (default ``~/.cache/apertus-p
 under a name keyed by a hash of the requirements, so a fresh clone reuses environments that are
 already built and a changed requirements file gets a new one. The package's metadata (console
 scripts, entry points) is installed into the environment from this checkout (editable, no
-dependencies) when it changes; the code under test is this checkout's, through ``PYTHONPATH``.
+dependencies) when it changes. The requirements are installed with uv when it can be had (installed with
+pip once, into its own environment in the cache; :func:`install_requirements`), told this machine's pip
+settings, and with pip where uv is turned off (``APERTUS_INSTALLER=pip``) or fails; the code under test is this checkout's, through ``PYTHONPATH``.
 A suite that also uses another suite's environment (a test that starts a vLLM server) names it
 in ``tests/<suite>/needs.txt``; its interpreter is passed as ``APERTUS_PYTHON_<SUITE>`` (``-``
 becomes ``_``). A suite whose ``tests/<suite>/python.txt`` says ``3.12`` gets its environment from
@@ -176,6 +178,81 @@ def ensure_debian_packages(suite: str) -> None:
     log(f"{suite}: Debian packages ready in {time.time() - t0:.0f}s")
 
 
+#: The installer the environments are built with when it can be had (``APERTUS_INSTALLER=pip`` turns it off):
+#: uv resolves the versions pip resolves, downloads in parallel and byte-compiles on every core, about 3x
+#: faster than pip from an empty cache (vllm's environment: 39 s against 112 s on 2 cores).
+UV_REQUIREMENT = "uv==0.13.10"
+#: pip settings (``pip config list``: its files and ``PIP_*`` variables) uv is told about, as its own flags.
+_PIP_TO_UV = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links",
+              "constraint": "--constraint", "trusted-host": "--allow-insecure-host"}
+
+
+def pip_settings() -> dict[str, str]:
+    """This machine's pip settings, the one pip itself would use for each key (``PIP_*`` variables over the
+    site, user and global files)."""
+    listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True)
+    rank = {":env:": 0, "site": 1, "user": 2, "global": 3}
+    best: dict[str, tuple[int, str]] = {}
+    for line in listed.stdout.splitlines():
+        name, sep, value = line.partition("=")
+        scope, dot, key = name.rpartition(".")
+        if not sep or not dot:
+            continue
+        value = value.strip().strip("'\"")
+        order = rank.get(scope, 4)
+        if key not in best or order < best[key][0]:
+            best[key] = (order, value)
+    return {key: value for key, (_, value) in best.items()}
+
+
+def uv_command() -> list[str] | None:
+    """uv with this machine's pip settings as flags, from its own small environment in the cache (installed with
+    pip the first time); None when ``APERTUS_INSTALLER=pip`` or uv cannot be installed (pip builds then)."""
+    if os.environ.get("APERTUS_INSTALLER", "uv") == "pip":
+        return None
+    venv = CACHE / f"uv-{hashlib.sha256((UV_REQUIREMENT + sys.executable).encode()).hexdigest()[:16]}"
+    with _locked(CACHE / f".{venv.name}.lock"):
+        if not (venv / ".complete").is_file():
+            shutil.rmtree(venv, ignore_errors=True)
+            made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True)
+            if made.returncode == 0:
+                made = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+                                       "--disable-pip-version-check", UV_REQUIREMENT], capture_output=True, text=True)
+            if made.returncode != 0:
+                log(f"{UV_REQUIREMENT} could not be installed, pip builds the environments: "
+                    f"{(made.stdout + made.stderr).strip()[-300:]}")
+                return None
+            (venv / ".complete").write_text("ok\n")
+    cmd = [str(venv / "bin" / "uv"), "pip", "install", "--quiet", "--compile-bytecode",
+           # pip looks for each package on every index and takes the best version: so does uv with this
+           "--index-strategy", "unsafe-best-match"]
+    settings = pip_settings()
+    for key, flag in _PIP_TO_UV.items():
+        for value in settings.get(key, "").split():
+            cmd += [flag, value]
+    if settings.get("no-index", "").lower() in ("1", "true", "yes", "on"):
+        cmd.append("--no-index")
+    return cmd
+
+
+def install_requirements(py: Path, req: Path) -> None:
+    """Install ``req`` into the environment of ``py``: with uv (:func:`uv_command`), else with pip; when uv
+    fails, pip tries again (its error is logged), so an environment uv cannot build still gets built."""
+    uv = uv_command()
+    if uv is not None:
+        env = dict(os.environ)
+        cert = pip_settings().get("cert")
+        if cert and "SSL_CERT_FILE" not in env:  # the certificate bundle pip is told to trust, for uv too
+            env["SSL_CERT_FILE"] = cert
+        done = subprocess.run([*uv, "--python", str(py), "-r", str(req)], env=env, capture_output=True, text=True)
+        if done.returncode == 0:
+            return
+        log(f"uv could not install {req.relative_to(ROOT)} (exit {done.returncode}), pip tries: "
+            f"{(done.stdout + done.stderr).strip()[-1500:]}")
+    subprocess.run([str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q", "-r", str(req)],
+                   check=True)
+
+
 def build_env(suite: str) -> Path:
     """Create (or reuse) the suite's environment and install this checkout's metadata into it.
 
@@ -198,8 +275,7 @@ def build_env(suite: str) -> Path:
             log(f"{suite}: creating {venv} (first run; later runs reuse it)")
             t0 = time.time()
             subprocess.run([suite_python(suite), "-m", "venv", str(venv)], check=True)
-            pip = [str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-            subprocess.run(pip + ["-r", str(req)], check=True)
+            install_requirements(py, req)
             extra = TESTS / suite / "setup_env.sh"
             if extra.is_file():
                 subprocess.run(["bash", str(extra), str(py)], check=True)

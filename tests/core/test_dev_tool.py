@@ -245,3 +245,87 @@ def test_two_suites_or_one_per_two_cores_run_by_default(monkeypatch: pytest.Monk
         assert lanes.default_jobs() == jobs, cores
     monkeypatch.setattr(lanes, "memory_gib", lambda: 8.0)
     assert lanes.default_jobs() == 1
+
+
+def _wheel(folder: Path, name: str, version: str) -> Path:
+    """A pure-Python wheel of one module ``name`` (``VALUE = version``), written by hand."""
+    import base64
+    import hashlib
+    import zipfile
+
+    info = f"{name}-{version}.dist-info"
+    files = {f"{name}/__init__.py": f"VALUE = {version!r}\n",
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = [f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()}"
+              f",{len(text.encode())}" for path, text in files.items()]
+    files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as whl:
+        for member, text in files.items():
+            whl.writestr(member, text)
+    return path
+
+
+def test_pips_settings_reach_uv_and_uv_installs_from_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The environments are built with uv, told this machine's pip settings (here ``PIP_*`` variables: a folder of
+    wheels and no index) as its own flags; what it installs is byte-compiled and imports."""
+    envs = _module("envs")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _wheel(wheels, "apertus_uv_probe", "1.0")
+    _wheel(wheels, "apertus_uv_probe", "2.0")
+    monkeypatch.delenv("APERTUS_INSTALLER", raising=False)
+    assert envs.uv_command() is not None  # uv itself, installed with this machine's settings when it is not yet
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    settings = envs.pip_settings()
+    assert settings["find-links"] == str(wheels) and settings["no-index"] == "1"
+    uv = envs.uv_command()
+    assert uv is not None and Path(uv[0]).name == "uv"
+    assert uv[uv.index("--find-links") + 1] == str(wheels) and "--no-index" in uv and "--compile-bytecode" in uv
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    req = tmp_path / "requirements.txt"
+    req.write_text("apertus_uv_probe>=1\n")
+    envs.ROOT = tmp_path  # the log names the requirements file relative to the checkout
+    envs.install_requirements(venv / "bin" / "python", req)
+    probe = "import apertus_uv_probe, pathlib; print(apertus_uv_probe.VALUE, any(pathlib.Path(apertus_uv_probe.__file__).parent.glob('__pycache__/*.pyc')))"
+    done = subprocess.run([str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["2.0", "True"]  # the newest release, compiled
+
+
+def test_the_setting_pip_would_use_wins_and_uv_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    envs = _module("envs")
+    listed = ("global.extra-index-url='file:///a file:///b'\nglobal.find-links='/global'\n:env:.find-links='/env'\n"
+              "user.constraint='/c.txt'\nsite.constraint='/site.txt'\nnot a setting\n")
+
+    def run(cmd, **kwargs):  # noqa: ANN001, ANN202 - subprocess.run's shape
+        assert cmd[1:] == ["-m", "pip", "config", "list"]
+        return subprocess.CompletedProcess(cmd, 0, stdout=listed, stderr="")
+
+    monkeypatch.setattr(envs.subprocess, "run", run)
+    assert envs.pip_settings() == {"extra-index-url": "file:///a file:///b", "find-links": "/env",
+                                   "constraint": "/site.txt"}
+    monkeypatch.setenv("APERTUS_INSTALLER", "pip")
+    assert envs.uv_command() is None
+
+
+def test_requirements_uv_cannot_install_are_installed_by_pip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    envs = _module("envs")
+    envs.ROOT = tmp_path
+    calls: list[list[str]] = []
+
+    def run(cmd, **kwargs):  # noqa: ANN001, ANN202 - subprocess.run's shape
+        calls.append(list(cmd))
+        failed = cmd[0] == "/uv"
+        return subprocess.CompletedProcess(cmd, 1 if failed else 0, stdout="", stderr="no solution" if failed else "")
+
+    monkeypatch.setattr(envs, "uv_command", lambda: ["/uv", "pip", "install"])
+    monkeypatch.setattr(envs, "pip_settings", lambda: {})
+    monkeypatch.setattr(envs.subprocess, "run", run)
+    envs.install_requirements(tmp_path / "bin" / "python", tmp_path / "requirements.txt")
+    assert [c[0] for c in calls] == ["/uv", str(tmp_path / "bin" / "python")]
+    assert calls[1][1:4] == ["-m", "pip", "install"] and calls[1][-2:] == ["-r", str(tmp_path / "requirements.txt")]
+    assert "uv could not install requirements.txt (exit 1), pip tries: no solution" in capsys.readouterr().out
