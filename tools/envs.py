@@ -210,11 +210,12 @@ def uv_command() -> list[str] | None:
     pip the first time); None when ``APERTUS_INSTALLER=pip`` or uv cannot be installed (pip builds then)."""
     if os.environ.get("APERTUS_INSTALLER", "uv") == "pip":
         return None
-    venv = CACHE / f"uv-{hashlib.sha256((UV_REQUIREMENT + sys.executable).encode()).hexdigest()[:16]}"
+    # one per uv release: only its binary is used, whatever interpreter the environment was made with
+    venv = CACHE / f"uv-{hashlib.sha256(UV_REQUIREMENT.encode()).hexdigest()[:16]}"
     with _locked(CACHE / f".{venv.name}.lock"):
         if not (venv / ".complete").is_file():
             shutil.rmtree(venv, ignore_errors=True)
-            made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True)
+            made = subprocess.run([base_python(), "-m", "venv", str(venv)], capture_output=True, text=True)
             if made.returncode == 0:
                 made = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
                                        "--disable-pip-version-check", UV_REQUIREMENT], capture_output=True, text=True)
