@@ -21,7 +21,8 @@ Fixtures (``session`` scope unless noted):
   keywords and session.
 * ``apertus_tiny_checkpoint``: ``make(size="tiny", init="varied")``: every tensor shapes the output.
 * ``apertus_vllm_server``: ``start(model, args=..., env=..., python=..., name=...) -> VLLMServer``, a real
-  vLLM server on loopback (the ``vllm`` suite's interpreter when ``APERTUS_PYTHON_VLLM`` names one), stopped
+  vLLM server on loopback (the ``vllm`` suite's interpreter when ``APERTUS_PYTHON_VLLM`` names one), with the
+  CPU flags and the model in the engine core's process (``ONE_PROCESS_ARGS``, 10 s less per start), stopped
   with its whole process group when the session ends.
 * ``apertus_free_port`` (function scope): a TCP port free on loopback.
 * ``apertus_offline_hub`` (function scope): an empty Hugging Face Hub cache read offline (``HF_HUB_CACHE``,
@@ -116,16 +117,16 @@ def apertus_offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict
 @pytest.fixture(scope="session")
 def apertus_vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Any]]:
     """``start(model, args=(), env=None, python=None, name="server", startup_timeout=900)``: a started
-    :class:`~apertus_plugins.testing.serve.VLLMServer` (CPU flags first, then ``args``); its log goes to a
+    :class:`~apertus_plugins.testing.serve.VLLMServer` (CPU flags and ``ONE_PROCESS_ARGS`` first, then ``args``); its log goes to a
     session folder. Every server started here is stopped, process group and all, when the session ends."""
-    from apertus_plugins.testing.serve import CPU_ARGS, VLLMServer
+    from apertus_plugins.testing.serve import CPU_ARGS, ONE_PROCESS_ARGS, VLLMServer
 
     started: list[Any] = []
 
     def start(model: str | Path, args: list[str] | tuple[str, ...] = (), *, env: dict[str, str] | None = None,
               python: str | None = None, name: str = "server", startup_timeout: float = 900) -> Any:
         log = tmp_path_factory.mktemp("apertus-vllm-logs") / f"{name}.log"
-        server = VLLMServer(model, args=[*CPU_ARGS, *args], python=python or os.environ.get("APERTUS_PYTHON_VLLM"),
+        server = VLLMServer(model, args=[*CPU_ARGS, *ONE_PROCESS_ARGS, *args], python=python or os.environ.get("APERTUS_PYTHON_VLLM"),
                             env=env, log_path=log, startup_timeout=startup_timeout)
         started.append(server)
         return server.start()

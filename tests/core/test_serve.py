@@ -26,7 +26,7 @@ from apertus_plugins.infra.client import (
     assemble,
     http_json,
 )
-from apertus_plugins.testing.serve import ServerError, VLLMServer, free_port
+from apertus_plugins.testing.serve import CPU_ARGS, ONE_PROCESS_ARGS, ServerError, VLLMServer, free_port
 
 FAST = RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.05)
 
@@ -313,3 +313,23 @@ def test_bad_settings_are_refused() -> None:
         Client("127.0.0.1:8000")
     with pytest.raises(ValueError, match="attempts must be at least 1"):
         RetryPolicy(attempts=0)
+
+
+def test_the_one_process_flags_bring_the_setting_vllms_cpu_platform_keeps_them_with(tmp_path, monkeypatch) -> None:
+    """``ONE_PROCESS_ARGS`` asks for vLLM's ``uni`` executor, which vLLM's CPU platform replaces by ``mp`` unless
+    ``VLLM_ENABLE_V1_MULTIPROCESSING`` is 0: the server is started with it; other servers are not."""
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    module = tmp_path / "vllm" / "entrypoints" / "openai"
+    module.mkdir(parents=True)
+    for d in (tmp_path / "vllm", tmp_path / "vllm" / "entrypoints", module):
+        (d / "__init__.py").write_text("")
+    (module / "api_server.py").write_text("import os\nprint('setting', os.environ.get('VLLM_ENABLE_V1_MULTIPROCESSING'))\n")
+    seen = {}
+    for name, args in {"uni": [*CPU_ARGS, *ONE_PROCESS_ARGS], "uni=": ["--distributed-executor-backend=uni"],
+                       "cpu default": [*CPU_ARGS], "mp after uni": [*ONE_PROCESS_ARGS, "--distributed-executor-backend", "mp"]}.items():
+        server = VLLMServer("fake", args=args, python=sys.executable, log_path=tmp_path / f"{name}.log",
+                            env={"PYTHONPATH": str(tmp_path)})
+        server.launch()
+        server.proc.wait(60)
+        seen[name] = server.log_tail().split()[-1]
+    assert seen == {"uni": "0", "uni=": "0", "cpu default": "None", "mp after uni": "None"}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from apertus_plugins.testing.serve import CPU_ARGS, VLLMServer
+from apertus_plugins.testing.serve import CPU_ARGS, ONE_PROCESS_ARGS, VLLMServer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _fixtures import write_text_fixtures  # noqa: E402
@@ -68,7 +68,7 @@ def vllm_server(tiny_model_dir: Path, codes_log: Path, tmp_path_factory: pytest.
     """The suite's one server: float32 (greedy decoding repeats exactly), both Apertus parsers, two
     images and two clips per prompt, all logprobs (the judge), request logging, the codes log."""
     log = tmp_path_factory.mktemp("vllm-log") / "server.log"
-    args = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", SERVED_NAME,
+    args = [*CPU_ARGS, *ONE_PROCESS_ARGS, "--dtype", "float32", "--served-model-name", SERVED_NAME,
             "--enable-auto-tool-choice", "--tool-call-parser", "apertus", "--reasoning-parser", "apertus",
             "--max-logprobs", str(output_rows(tiny_model_dir)), "--limit-mm-per-prompt", json.dumps(MEDIA_LIMIT),
             "--enable-log-requests"]

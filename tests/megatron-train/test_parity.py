@@ -139,9 +139,9 @@ def trained_server(trained_hf: Path, work: Path):
     """vLLM (the vllm suite's environment, with the plugin) serving the trained checkpoint's conversion: launched,
     not waited for, so that its start overlaps the forwards of :func:`test_trained_checkpoint_converts_back`;
     the serving test waits for it."""
-    from apertus_plugins.testing.serve import CPU_ARGS, VLLMServer
+    from apertus_plugins.testing.serve import CPU_ARGS, ONE_PROCESS_ARGS, VLLMServer
 
-    args = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", "apertus"]
+    args = [*CPU_ARGS, *ONE_PROCESS_ARGS, "--dtype", "float32", "--served-model-name", "apertus"]
     srv = VLLMServer(trained_hf, args=args, python=interpreter("vllm"), log_path=work / "vllm.log",
                      env={"PYTHONPATH": str(ROOT)}, startup_timeout=900).launch()
     try:

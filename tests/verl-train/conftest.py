@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from apertus_plugins.infra.client import http_json
-from apertus_plugins.testing.serve import CPU_ARGS, VLLMServer
+from apertus_plugins.testing.serve import CPU_ARGS, ONE_PROCESS_ARGS, VLLMServer
 
 # this process is a verl process too (it loads saved checkpoints through the plugin): the CPU platform
 sys.path.insert(0, str(Path(__file__).resolve().parent / "harness"))
@@ -49,7 +49,7 @@ def judge(tiny_checkpoint, tmp_path_factory):
     from apertus_plugins.testing.checkpoint import read_checkpoint_config
 
     text_tokens = read_checkpoint_config(tiny_checkpoint).spec.text_size
-    args = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", JUDGE_MODEL, "--max-logprobs", str(text_tokens),
+    args = [*CPU_ARGS, *ONE_PROCESS_ARGS, "--dtype", "float32", "--served-model-name", JUDGE_MODEL, "--max-logprobs", str(text_tokens),
             "--max-num-seqs", "8"]
     log = tmp_path_factory.mktemp("logs") / "judge-server.log"
     server = VLLMServer(tiny_checkpoint, args=args, python=sys.executable, log_path=log, startup_timeout=900)
@@ -105,7 +105,7 @@ def check_saved_checkpoint(trained: Path, released: Path, out: Path, *, serve: b
                     str(out)], check=True, capture_output=True, text=True, timeout=300)
     server = None
     if serve:
-        args = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", "trained", "--max-num-seqs", "4"]
+        args = [*CPU_ARGS, *ONE_PROCESS_ARGS, "--dtype", "float32", "--served-model-name", "trained", "--max-num-seqs", "4"]
         server = VLLMServer(out, args=args, python=sys.executable, log_path=out.parent / "serve-merged.log",
                             startup_timeout=900).launch()
     try:

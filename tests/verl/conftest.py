@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from apertus_plugins.testing.serve import CPU_ARGS, VLLMServer
+from apertus_plugins.testing.serve import CPU_ARGS, ONE_PROCESS_ARGS, VLLMServer
 
 #: the served model name the judge clients ask for
 JUDGE_MODEL = "judge"
@@ -50,7 +50,7 @@ def judge_server(apertus_checkpoint, tmp_path_factory):
                            "(tests/verl/needs.txt names the vllm environment)")
     # the LM head ranks the text tokens only: ask for all of them
     text_tokens = read_checkpoint_config(apertus_checkpoint).spec.text_size
-    args = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", JUDGE_MODEL,
+    args = [*CPU_ARGS, *ONE_PROCESS_ARGS, "--dtype", "float32", "--served-model-name", JUDGE_MODEL,
             "--max-logprobs", str(text_tokens), "--max-num-seqs", "8"]
     log = tmp_path_factory.mktemp("logs") / "judge-server.log"
     with VLLMServer(apertus_checkpoint, args=args, log_path=log, startup_timeout=900) as server:

@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from apertus_plugins.testing.serve import CPU_ARGS, VLLMServer  # noqa: E402
+from apertus_plugins.testing.serve import CPU_ARGS, ONE_PROCESS_ARGS, VLLMServer  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "apertus_plugins" / "assets"
 MEDIA_LIMIT = {"image": 2, "audio": 2}
@@ -29,11 +29,13 @@ def codes_log(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("codes") / "codes.jsonl"
 
 
-def server_args() -> list[str]:
-    """The flags of the suite's server (:func:`server`); other servers add theirs to these."""
+def server_args(one_process: bool = True) -> list[str]:
+    """The flags of the suite's server (:func:`server`); other servers add theirs to these. ``one_process``: the
+    model in the engine core's process (:data:`ONE_PROCESS_ARGS`, 10 s less per start); the suite's server and
+    the server with two API server processes keep vLLM's CPU default, a worker process of its own."""
     import json
 
-    return [*CPU_ARGS, "--dtype", "float32", "--served-model-name", "apertus",
+    return [*CPU_ARGS, *(ONE_PROCESS_ARGS if one_process else ()), "--dtype", "float32", "--served-model-name", "apertus",
             "--enable-auto-tool-choice", "--tool-call-parser", "apertus", "--reasoning-parser", "apertus",
             "--limit-mm-per-prompt", json.dumps(MEDIA_LIMIT), "--max-num-seqs", "16",
             "--structured-outputs-config", json.dumps({"enable_in_reasoning": True})]
@@ -46,8 +48,9 @@ def _suite_server(name: str, checkpoint: Path, codes_log: Path, tmp_path_factory
     if name == "server":
         log = tmp_path_factory.mktemp("logs") / "vllm-server.log"
         env = {"APERTUS_VLLM_CODES_LOG": str(codes_log), "VLLM_CPU_KVCACHE_SPACE": "1"}
-        return VLLMServer(checkpoint, args=server_args(), env=env, log_path=log, startup_timeout=900).launch()
-    args = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", "apertus", "--tokenizer-mode", "hf",
+        return VLLMServer(checkpoint, args=server_args(one_process=False), env=env, log_path=log,
+                         startup_timeout=900).launch()
+    args = [*CPU_ARGS, *ONE_PROCESS_ARGS, "--dtype", "float32", "--served-model-name", "apertus", "--tokenizer-mode", "hf",
             "--mm-processor-kwargs", json.dumps({"image_layout": "training"}),
             "--limit-mm-per-prompt", json.dumps({"image": 1, "audio": 1})]
     log = tmp_path_factory.mktemp("logs") / "vllm-training.log"

@@ -147,7 +147,9 @@ def test_the_server_answers_as_with_vllms_layers(server, checkpoint, image_part,
     reqs = requests(checkpoint, image_part)
     log = tmp_path_factory.mktemp("logs") / "vllm-vllm-layers.log"
     env = {"APERTUS_VLLM_EAGER_LAYERS": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with VLLMServer(checkpoint, args=server_args(), env=env, log_path=log, startup_timeout=900) as plain:
+    # the suite server's executor too (a worker process of its own, one thread): the bodies must match bit for bit,
+    # log-probabilities included, and the engine core's process computes with another thread count
+    with VLLMServer(checkpoint, args=server_args(one_process=False), env=env, log_path=log, startup_timeout=900) as plain:
         want = answers(plain, reqs)
     got = answers(server, reqs)
     for (endpoint, _), g, w in zip(reqs, got, want, strict=True):

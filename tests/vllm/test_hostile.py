@@ -31,7 +31,7 @@ from PIL import Image
 from apertus_plugins.core.chat import ChatTokenizer
 from apertus_plugins.core.chat.template import lift_reasoning_parts
 from apertus_plugins.infra.client import NO_RETRY, http_json
-from apertus_plugins.testing.serve import CPU_ARGS, VLLMServer
+from apertus_plugins.testing.serve import CPU_ARGS, ONE_PROCESS_ARGS, VLLMServer
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,7 @@ MARKS = ("\ue000", "\ue001")
 @pytest.fixture(scope="module")
 def srv(checkpoint, tmp_path_factory):
     """Both parsers as a user serves them (no ``enable_in_reasoning``); media must arrive within 4 s."""
-    args = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", "apertus", "--enable-auto-tool-choice",
+    args = [*CPU_ARGS, *ONE_PROCESS_ARGS, "--dtype", "float32", "--served-model-name", "apertus", "--enable-auto-tool-choice",
             "--tool-call-parser", "apertus", "--reasoning-parser", "apertus", "--max-num-seqs", "16",
             "--limit-mm-per-prompt", json.dumps(MEDIA_LIMIT),
             "--mm-processor-kwargs", json.dumps({"media_load_seconds": MEDIA_SECONDS})]

@@ -21,7 +21,7 @@ import torch
 from apertus_plugins.hf.modeling import Apertus1p5ForCausalLM
 from apertus_plugins.infra.client import Client, http_json
 from apertus_plugins.testing.lora import write_merged_checkpoint, write_peft_adapter
-from apertus_plugins.testing.serve import CPU_ARGS, VLLMServer
+from apertus_plugins.testing.serve import CPU_ARGS, ONE_PROCESS_ARGS, VLLMServer
 
 RANK, ALPHA = 8, 16
 PROMPTS = ([5, 17, 42, 99, 7, 64], [300, 12, 8, 250, 31])
@@ -48,13 +48,15 @@ def lora_setup(checkpoint, tmp_path_factory):
 @pytest.fixture(scope="module")
 def lora_server(checkpoint, lora_setup, tmp_path_factory):
     adapter, _ = lora_setup
-    args = [*CPU_ARGS, "--dtype", "float32", "--served-model-name", "apertus", "--max-num-seqs", "4",
+    args = [*CPU_ARGS, *ONE_PROCESS_ARGS, "--dtype", "float32", "--served-model-name", "apertus", "--max-num-seqs", "4",
             "--enable-lora", "--max-lora-rank", str(RANK), "--max-loras", "1",
             "--lora-modules", f"adapter={adapter}"]
     log = tmp_path_factory.mktemp("logs") / "vllm-lora.log"
     # adapters loaded at run time too (vLLM's /v1/load_lora_adapter), for the refusals below
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     with VLLMServer(checkpoint, args=args, log_path=log, env=env, startup_timeout=900) as srv:
+        # ONE_PROCESS_ARGS: the adapters are applied in the engine core's own process (no worker process)
+        assert "(EngineCore pid=" in srv.log_tail(10_000) and "(Worker pid=" not in srv.log_tail(10_000)
         yield srv
 
 

@@ -116,7 +116,7 @@ def group_rss(srv: VLLMServer) -> dict[str, int]:
 def test_two_api_server_processes_answer_text_and_image_requests(checkpoint, reference, image_part, tmp_path_factory):
     log = tmp_path_factory.mktemp("logs") / "vllm-api2.log"
     # `vllm serve` (the module entry point ignores --api-server-count); requests logged with their process id
-    args = [*server_args(), "--api-server-count", "2", "--enable-log-requests"]
+    args = [*server_args(one_process=False), "--api-server-count", "2", "--enable-log-requests"]
     with VLLMServer(checkpoint, args=args, log_path=log, startup_timeout=900, cli=True) as srv:
         conversations = prompts(image_part)
         # the first round checks the tokens; later rounds reach the other process (the kernel spreads connections)
