@@ -269,7 +269,8 @@ def _wheel(folder: Path, name: str, version: str) -> Path:
 
 def test_pips_settings_reach_uv_and_uv_installs_from_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The environments are built with uv, told this machine's pip settings (here ``PIP_*`` variables: a folder of
-    wheels and no index) as its own flags; what it installs is byte-compiled and imports."""
+    wheels and no index) as its own flags; what it installs imports, and its bytecode is written by the first
+    process that imports it, into the suites' bytecode folder, not beside the module."""
     envs = _module("envs")
     wheels = tmp_path / "wheels"
     wheels.mkdir()
@@ -283,16 +284,23 @@ def test_pips_settings_reach_uv_and_uv_installs_from_them(tmp_path: Path, monkey
     assert settings["find-links"] == str(wheels) and settings["no-index"] == "1"
     uv = envs.uv_command()
     assert uv is not None and Path(uv[0]).name == "uv"
-    assert uv[uv.index("--find-links") + 1] == str(wheels) and "--no-index" in uv and "--compile-bytecode" in uv
+    assert uv[uv.index("--find-links") + 1] == str(wheels) and "--no-index" in uv and "--compile-bytecode" not in uv
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     req = tmp_path / "requirements.txt"
     req.write_text("apertus_uv_probe>=1\n")
     envs.ROOT = tmp_path  # the log names the requirements file relative to the checkout
     envs.install_requirements(venv / "bin" / "python", req)
-    probe = "import apertus_uv_probe, pathlib; print(apertus_uv_probe.VALUE, any(pathlib.Path(apertus_uv_probe.__file__).parent.glob('__pycache__/*.pyc')))"
-    done = subprocess.run([str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True, check=True)
-    assert done.stdout.split() == ["2.0", "True"]  # the newest release, compiled
+    probe = "import apertus_uv_probe, pathlib; print(apertus_uv_probe.VALUE, pathlib.Path(apertus_uv_probe.__file__).parent)"
+    envs.PYCACHE = tmp_path / "pycache"
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")  # set where the tests run: the suites write bytecode anyway
+    env = envs.suite_env("core", venv)
+    done = subprocess.run([str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True, check=True,
+                          env=env)
+    version, folder = done.stdout.split()
+    assert version == "2.0"  # the newest release
+    assert not (Path(folder) / "__pycache__").exists()
+    assert list((tmp_path / "pycache").glob(f"**/{Path(folder).name}/__init__.cpython-*.pyc"))
 
 
 def test_the_setting_pip_would_use_wins_and_uv_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
