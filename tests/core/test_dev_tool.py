@@ -6,6 +6,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -217,8 +218,29 @@ def test_a_suites_peak_memory_counts_the_processes_it_starts(tmp_path: Path) -> 
     code = ("import subprocess, sys; subprocess.run([sys.executable, '-c', "
             "'b = bytearray(300 * 2**20); import time; time.sleep(1.5)'])")
     done = lanes.run_parallel(["core"], lambda _: [sys.executable, "-c", code], jobs=1, logs=tmp_path,
-                              env=dict(os.environ), cwd=tmp_path, say=lambda _: None, budget_gib=100, poll=0.2)
+                              env=dict(os.environ), cwd=tmp_path, say=lambda _: None, budget_gib=100, poll=0.2,
+                              sample=0.2)
     assert done[0].peak_bytes > 250 * 2**20
+
+
+def test_memory_is_read_every_sample_seconds_not_every_poll(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading a tree's memory is costly (every mapping of every process): the lanes look for ended suites every
+    ``poll`` seconds and read memory every ``sample`` seconds only."""
+    lanes = _module("lanes")
+    reads: list[float] = []
+    real = lanes.tree_memory
+
+    def counted(pid, kids=None):  # noqa: ANN001, ANN202 - tree_memory's shape
+        reads.append(time.monotonic())
+        return real(pid, kids)
+
+    monkeypatch.setattr(lanes, "tree_memory", counted)
+    t0 = time.monotonic()
+    lanes.run_parallel(["core"], lambda _: [sys.executable, "-c", "import time; time.sleep(2.5)"], jobs=1,
+                       logs=tmp_path, env=dict(os.environ), cwd=tmp_path, say=lambda _: None, budget_gib=100,
+                       poll=0.05, sample=1.0)
+    took = time.monotonic() - t0
+    assert 1 <= len(reads) <= took / 1.0 + 1, (len(reads), took)  # not one per poll (about 50)
 
 
 def test_the_job_count_is_checked_where_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
