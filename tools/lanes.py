@@ -141,6 +141,9 @@ class _Running:
     log: Path
     peak: int = 0
     out: object = field(default=None, repr=False)
+    #: when its memory is read next: at the first poll after it starts (a suite of a few seconds gets a peak
+    #: too), then every ``sample`` seconds
+    sample_at: float = 0.0
 
 
 def start_order(suites: Sequence[str]) -> list[str]:
@@ -156,16 +159,15 @@ def run_parallel(suites: Sequence[str], command: Callable[[str], list[str]], *, 
     in its own process group with its output in ``logs/<suite>.log``; return them in the order they ended.
 
     A suite whose planned peak alone is over the budget still runs, alone. Ended suites are seen every
-    ``poll`` seconds; the memory of the running ones is read every ``sample`` seconds (reading the
-    proportional set size walks every mapping of every process: 0.3 s of CPU for two suites' trees, which
-    every 2 s took 15% of a core from the suites).
+    ``poll`` seconds; a suite's memory is read at the first poll after it starts, then every ``sample``
+    seconds (reading the proportional set size walks every mapping of every process: 0.3 s of CPU for two
+    suites' trees, which every 2 s took 15% of a core from the suites).
     """
     budget = MEMORY_SHARE * memory_gib() if budget_gib is None else budget_gib
     waiting = start_order(suites)
     running: list[_Running] = []
     done: list[Finished] = []
     logs.mkdir(parents=True, exist_ok=True)
-    sampled = 0.0
     try:
         while waiting or running:
             planned = sum(PEAK_GIB.get(r.suite, DEFAULT_PEAK_GIB) for r in running)
@@ -185,11 +187,13 @@ def run_parallel(suites: Sequence[str], command: Callable[[str], list[str]], *, 
                 beside = ", ".join(r.suite for r in running if r.suite != suite)
                 say(f"{suite}: started" + (f" beside {beside}" if beside else "") + f" (output: {log})")
             time.sleep(poll)
-            if time.monotonic() - sampled >= sample:
-                sampled = time.monotonic()
+            now = time.monotonic()
+            due = [r for r in running if now >= r.sample_at]
+            if due:
                 kids = _children()
-                for r in running:
+                for r in due:
                     r.peak = max(r.peak, tree_memory(r.proc.pid, kids))
+                    r.sample_at = now + sample
             for r in list(running):
                 if r.proc.poll() is None:
                     continue

@@ -243,6 +243,18 @@ def test_memory_is_read_every_sample_seconds_not_every_poll(tmp_path: Path, monk
     assert 1 <= len(reads) <= took / 1.0 + 1, (len(reads), took)  # not one per poll (about 50)
 
 
+def test_a_suite_shorter_than_the_sampling_interval_still_gets_its_peak(tmp_path: Path) -> None:
+    """A suite's memory is read at the first poll after it starts: one of a few seconds (docs), started after the
+    last reading of the suite before it, has a peak too."""
+    lanes = _module("lanes")
+    code = "b = bytearray(200 * 2**20); import time; time.sleep(1.0)"
+    done = lanes.run_parallel(["verl-train", "docs"], lambda _: [sys.executable, "-c", code], jobs=1, logs=tmp_path,
+                              env=dict(os.environ), cwd=tmp_path, say=lambda _: None, budget_gib=100, poll=0.3,
+                              sample=600)
+    assert [f.suite for f in done] == ["verl-train", "docs"]
+    assert all(f.peak_bytes > 150 * 2**20 for f in done), [(f.suite, f.peak_bytes) for f in done]
+
+
 def test_the_job_count_is_checked_where_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
     dev = _module("dev")
     assert dev._parse_test_args(["core", "-j", "3", "--", "-k", "x"]) == (["core"], ["-k", "x"], 3)
