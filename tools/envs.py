@@ -209,9 +209,10 @@ def pip_settings() -> dict[str, str]:
     return {key: value for key, (_, value) in best.items()}
 
 
-def uv_command() -> list[str] | None:
-    """uv with this machine's pip settings as flags, from its own small environment in the cache (installed with
-    pip the first time); None when ``APERTUS_INSTALLER=pip`` or uv cannot be installed (pip builds then)."""
+def uv_command(settings: dict[str, str] | None = None) -> list[str] | None:
+    """uv with this machine's pip settings (``settings``, else :func:`pip_settings`) as flags, from its own small
+    environment in the cache (installed with pip the first time); None when ``APERTUS_INSTALLER=pip`` or uv cannot
+    be installed (pip builds then)."""
     if os.environ.get("APERTUS_INSTALLER", "uv") == "pip":
         return None
     # one per uv release: only its binary is used, whatever interpreter the environment was made with
@@ -234,7 +235,7 @@ def uv_command() -> list[str] | None:
     cmd = [str(venv / "bin" / "uv"), "pip", "install", "--quiet",
            # pip looks for each package on every index and takes the best version: so does uv with this
            "--index-strategy", "unsafe-best-match"]
-    settings = pip_settings()
+    settings = pip_settings() if settings is None else settings
     for key, flag in _PIP_TO_UV.items():
         for value in settings.get(key, "").split():
             cmd += [flag, value]
@@ -246,10 +247,11 @@ def uv_command() -> list[str] | None:
 def install_requirements(py: Path, req: Path) -> None:
     """Install ``req`` into the environment of ``py``: with uv (:func:`uv_command`), else with pip; when uv
     fails, pip tries again (its error is logged), so an environment uv cannot build still gets built."""
-    uv = uv_command()
+    settings = pip_settings()  # read once: `pip config list` is a Python process of its own
+    uv = uv_command(settings)
     if uv is not None:
         env = dict(os.environ)
-        cert = pip_settings().get("cert")
+        cert = settings.get("cert")
         if cert and "SSL_CERT_FILE" not in env:  # the certificate bundle pip is told to trust, for uv too
             env["SSL_CERT_FILE"] = cert
         done = subprocess.run([*uv, "--python", str(py), "-r", str(req)], env=env, capture_output=True, text=True)

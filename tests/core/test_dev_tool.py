@@ -364,7 +364,7 @@ def test_requirements_uv_cannot_install_are_installed_by_pip(tmp_path: Path, mon
         failed = cmd[0] == "/uv"
         return subprocess.CompletedProcess(cmd, 1 if failed else 0, stdout="", stderr="no solution" if failed else "")
 
-    monkeypatch.setattr(envs, "uv_command", lambda: ["/uv", "pip", "install"])
+    monkeypatch.setattr(envs, "uv_command", lambda settings=None: ["/uv", "pip", "install"])
     monkeypatch.setattr(envs, "pip_settings", lambda: {})
     monkeypatch.setattr(envs.subprocess, "run", run)
     envs.install_requirements(tmp_path / "bin" / "python", tmp_path / "requirements.txt")
