@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -65,14 +66,19 @@ HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
 
 
+def _fake_vllm(root: Path, api_server: str) -> None:
+    """A stand-in ``vllm.entrypoints.openai.api_server`` module under ``root`` (put ``root`` on ``PYTHONPATH``)."""
+    module = root / "vllm" / "entrypoints" / "openai"
+    module.mkdir(parents=True)
+    for d in (root / "vllm", root / "vllm" / "entrypoints", module):
+        (d / "__init__.py").write_text("")
+    (module / "api_server.py").write_text(api_server)
+
+
 def test_launch_returns_before_the_server_answers_and_wait_ready_waits_for_it(tmp_path) -> None:
     # a stand-in for vLLM's API server module (the core environment has no vLLM): it answers /v1/models
     # after a delay, as a starting server does
-    module = tmp_path / "vllm" / "entrypoints" / "openai"
-    module.mkdir(parents=True)
-    for d in (tmp_path / "vllm", tmp_path / "vllm" / "entrypoints", module):
-        (d / "__init__.py").write_text("")
-    (module / "api_server.py").write_text(FAKE_SERVER)
+    _fake_vllm(tmp_path, FAKE_SERVER)
     server = VLLMServer("fake", args=["--delay", "2"], python=sys.executable, env={"PYTHONPATH": str(tmp_path)},
                         startup_timeout=120, log_path=tmp_path / "fake.log")
     with pytest.raises(ServerError, match="was not launched"):
@@ -319,11 +325,7 @@ def test_the_one_process_flags_bring_the_setting_vllms_cpu_platform_keeps_them_w
     """``ONE_PROCESS_ARGS`` asks for vLLM's ``uni`` executor, which vLLM's CPU platform replaces by ``mp`` unless
     ``VLLM_ENABLE_V1_MULTIPROCESSING`` is 0: the server is started with it; other servers are not."""
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
-    module = tmp_path / "vllm" / "entrypoints" / "openai"
-    module.mkdir(parents=True)
-    for d in (tmp_path / "vllm", tmp_path / "vllm" / "entrypoints", module):
-        (d / "__init__.py").write_text("")
-    (module / "api_server.py").write_text("import os\nprint('setting', os.environ.get('VLLM_ENABLE_V1_MULTIPROCESSING'))\n")
+    _fake_vllm(tmp_path, "import os\nprint('setting', os.environ.get('VLLM_ENABLE_V1_MULTIPROCESSING'))\n")
     seen = {}
     for name, args in {"uni": [*CPU_ARGS, *ONE_PROCESS_ARGS], "uni=": ["--distributed-executor-backend=uni"],
                        "cpu default": [*CPU_ARGS], "mp after uni": [*ONE_PROCESS_ARGS, "--distributed-executor-backend", "mp"]}.items():
